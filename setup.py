@@ -1,0 +1,41 @@
+"""vpay-reconciler: the worker that decides how mobile-money payments end."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="vpay",
+    version="0.5.0",
+    description="Reconciler worker for mobile-money payments: durable queue, poll ladder, signed webhooks",
+    python_requires=">=3.11",
+    # The top-level sql/ folder ships inside the package as vpay.sql, so a
+    # plain (non-editable) install finds the migrations and named queries.
+    packages=find_packages(include=["vpay", "vpay.*"]) + ["vpay.sql", "vpay.sql.queries"],
+    package_dir={"vpay.sql": "sql", "vpay.sql.queries": "sql/queries"},
+    package_data={"vpay.sql": ["*.sql"], "vpay.sql.queries": ["*.sql"]},
+    install_requires=[
+        "psycopg[binary,pool]>=3.1",
+        "requests>=2.31",
+        "tenacity>=8.2",
+        "click>=8.1",
+        "python-json-logger>=3.1",
+        "pgserver>=0.1.4",
+        "falcon>=3.1",
+        "gunicorn>=22",
+        "standardwebhooks>=1.0",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.5",
+            "responses>=0.25",
+            "hypothesis>=6.100",
+            "pytest-timeout>=2.2",
+        ],
+    },
+    entry_points={
+        "console_scripts": [
+            "vpay-server=vpay.cli:main",
+            "vpay-worker=vpay.cli:worker_main",
+        ],
+    },
+)

@@ -1,0 +1,115 @@
+-- The durable job queue (vpay/queue.py). Every "now" is the database's.
+-- Every write that ends a lease matches (id, locked_by, lease_token): the
+-- fencing token is new at each claim, so a worker whose lease was reaped
+-- cannot overwrite whoever holds the job now, even a later claim of its own.
+
+-- name: enqueue
+INSERT INTO jobs (kind, dedupe_key, payload, run_at)
+VALUES (%(kind)s, %(dedupe_key)s, %(payload)s, now() + make_interval(secs => %(delay)s))
+ON CONFLICT (dedupe_key) DO NOTHING
+RETURNING id;
+
+-- name: claim
+UPDATE jobs
+   SET attempts = attempts + 1,
+       locked_by = %(worker)s,
+       locked_at = now(),
+       lease_token = gen_random_uuid()
+ WHERE id = (SELECT id
+               FROM jobs
+              WHERE locked_at IS NULL
+                AND run_at <> 'infinity'
+                AND run_at <= now()
+              ORDER BY run_at
+              LIMIT 1
+                FOR UPDATE SKIP LOCKED)
+RETURNING id, kind, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at;
+
+-- name: finish
+DELETE FROM jobs
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+RETURNING id;
+
+-- name: reschedule
+-- An Outcome was reached: the failure streak ends.
+UPDATE jobs
+   SET run_at = now() + make_interval(secs => %(delay)s),
+       locked_by = NULL, locked_at = NULL, lease_token = NULL,
+       failures = 0,
+       last_error = %(note)s
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+RETURNING id;
+
+-- name: retry_failed
+-- The handler raised: count the streak, keep the error text.
+UPDATE jobs
+   SET run_at = now() + make_interval(secs => %(delay)s),
+       locked_by = NULL, locked_at = NULL, lease_token = NULL,
+       failures = failures + 1,
+       last_error = %(error)s
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+RETURNING id;
+
+-- name: park
+WITH parked AS (
+    UPDATE jobs
+       SET run_at = 'infinity',
+           locked_by = NULL, locked_at = NULL, lease_token = NULL,
+           last_error = %(reason)s
+     WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+    RETURNING id, kind, dedupe_key, payload, attempts, last_error
+), alert AS (
+    INSERT INTO alerts (kind, charge_id, details)
+    SELECT 'job_dead_lettered',
+           (SELECT c.id FROM charges c WHERE c.id = parked.payload ->> 'charge_id'),
+           jsonb_build_object('job_id', parked.id, 'kind', parked.kind,
+                              'dedupe_key', parked.dedupe_key, 'attempts', parked.attempts,
+                              'reason', parked.last_error)
+      FROM parked
+)
+SELECT id FROM parked;
+
+-- name: release
+-- Drain timed out: hand back the leases this process still holds, due now,
+-- so another worker claims them at once instead of after the lease.
+UPDATE jobs
+   SET locked_by = NULL, locked_at = NULL, lease_token = NULL
+ WHERE locked_by = %(worker)s AND lease_token = ANY(%(tokens)s)
+RETURNING id;
+
+-- name: reap_expired_leases
+-- One statement: the age is re-checked on the row it updates, so a lease
+-- renewed by a new claim in the meantime is left alone, and a job finished
+-- (deleted) in the meantime is not resurrected. A job whose leases keep
+-- expiring (its handler kills the process) is parked after max_failures.
+WITH reaped AS (
+    UPDATE jobs
+       SET locked_by = NULL, locked_at = NULL, lease_token = NULL,
+           failures = failures + 1,
+           run_at = CASE WHEN failures + 1 >= %(max_failures)s THEN 'infinity'::timestamptz
+                         ELSE now() END,
+           last_error = CASE WHEN failures + 1 >= %(max_failures)s
+                             THEN format('dead-lettered: lease expired %%s times in a row without an outcome (last held by %%s)',
+                                         failures + 1, locked_by)
+                             ELSE format('lease expired (held by %%s since %%s)', locked_by, locked_at)
+                        END
+     WHERE locked_at IS NOT NULL
+       AND locked_at < now() - make_interval(secs => %(lease)s)
+    RETURNING id, kind, dedupe_key, payload, attempts, run_at, last_error
+), alert AS (
+    INSERT INTO alerts (kind, charge_id, details)
+    SELECT 'job_dead_lettered',
+           (SELECT c.id FROM charges c WHERE c.id = reaped.payload ->> 'charge_id'),
+           jsonb_build_object('job_id', reaped.id, 'kind', reaped.kind,
+                              'dedupe_key', reaped.dedupe_key, 'attempts', reaped.attempts,
+                              'reason', reaped.last_error)
+      FROM reaped
+     WHERE reaped.run_at = 'infinity'
+)
+SELECT id, kind, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
+
+-- name: depth
+SELECT count(*) FILTER (WHERE locked_at IS NULL AND run_at <= now() AND run_at <> 'infinity') AS due,
+       count(*) FILTER (WHERE locked_at IS NOT NULL) AS leased,
+       count(*) FILTER (WHERE run_at = 'infinity') AS dead
+  FROM jobs;

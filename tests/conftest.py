@@ -1,0 +1,105 @@
+"""Test harness: a real Postgres for every test, never a mock.
+
+* The server: ``VPAY_TEST_DATABASE_URL`` when set, otherwise one embedded
+  Postgres (pgserver) per test run, shared by the xdist workers of that run.
+* Each xdist worker gets its own database, cloned (``CREATE DATABASE …
+  TEMPLATE``) from a template migrated once per set of migration files.
+* ``db`` empties every table before a test, so tests pass in any order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from vpay import db as vdb
+
+TABLES = ("alerts", "events", "jobs", "charges", "payment_intents", "webhook_endpoints")
+_RUN = uuid.uuid4().hex[:8]
+_LOCK = 7_316_240_052
+
+
+def _server_url(tmp_path_factory, worker_id: str) -> str:
+    url = os.environ.get("VPAY_TEST_DATABASE_URL", "").strip()
+    if url:
+        return url
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent  # shared by every xdist worker of this run
+    return vdb.embedded_url(root / "vpay-test-pg")
+
+
+def _with_db(url: str, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(url, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory, worker_id) -> str:
+    return _server_url(tmp_path_factory, worker_id)
+
+
+@pytest.fixture(scope="session")
+def db_url(server_url, worker_id) -> str:
+    """This xdist worker's own migrated database."""
+    digest = hashlib.sha256("".join(n + s for n, s in vdb.migration_files()).encode()).hexdigest()[:12]
+    template = f"vpay_tpl_{digest}"
+    mine = f"vpay_test_{_RUN}_{worker_id}"
+    admin_url = _with_db(server_url, "postgres")
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        # CREATE DATABASE cannot run in a transaction, so a session-level lock
+        # serialises the template's creation and the clones across workers.
+        admin.execute("SELECT pg_advisory_lock(%s)", (_LOCK,))
+        try:
+            exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (template,)).fetchone()
+            if not exists:
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(template)))
+                with psycopg.connect(_with_db(server_url, template), autocommit=True) as conn:
+                    vdb.migrate(conn)
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(mine)))
+            admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(mine), sql.Identifier(template)))
+        finally:
+            admin.execute("SELECT pg_advisory_unlock(%s)", (_LOCK,))
+    yield _with_db(server_url, mine)
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(mine)))
+
+
+@pytest.fixture(scope="session")
+def pool(db_url):
+    p = vdb.make_pool(db_url, max_size=vdb.MAX_CONNECTIONS)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def db(db_url, pool):
+    """An autocommit connection to this worker's database, emptied first."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
+            sql.SQL(", ").join(sql.Identifier(t) for t in TABLES)))
+        conn.execute("DROP TABLE IF EXISTS test_executions")
+        yield conn
+
+
+@pytest.fixture
+def spawn(tmp_path):
+    """Start installed console scripts; every process is killed at teardown.
+    ``spawn("vpay-worker", "--worker-concurrency", "2", env=...)``."""
+    from support import Proc, script
+    procs: list[Proc] = []
+
+    def start(name: str, *args: str, env: dict[str, str]) -> Proc:
+        proc = Proc([script(name), *args], env, tmp_path / f"{name}-{len(procs)}.log")
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.close()

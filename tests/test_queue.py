@@ -1,0 +1,162 @@
+"""The durable queue against a real Postgres: claim, fencing, reaping."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+from vpay import queue
+
+
+def _age_lease(conn, job_id: int, seconds: int = 3600) -> None:
+    conn.execute("UPDATE jobs SET locked_at = now() - make_interval(secs => %s) WHERE id = %s",
+                 (seconds, job_id))
+
+
+def test_enqueue_is_idempotent_on_dedupe_key(db):
+    assert queue.enqueue(db, "test.count", "k:1", {"a": 1}) is True
+    assert queue.enqueue(db, "test.count", "k:1", {"a": 2}) is False
+    assert db.execute("SELECT payload->>'a' FROM jobs").fetchall() == [("1",)]
+
+
+def test_claim_leases_one_due_job_and_counts_the_attempt(db):
+    queue.enqueue(db, "test.count", "k:1")
+    job = queue.claim(db, "w1")
+    assert job is not None and job.attempts == 1 and job.worker == "w1"
+    row = db.execute("SELECT locked_by, locked_at IS NOT NULL, lease_token FROM jobs").fetchone()
+    assert row == ("w1", True, job.lease_token)
+    assert queue.claim(db, "w2") is None  # leased: nobody else gets it
+
+
+def test_claim_skips_future_leased_and_dead_lettered_rows(db):
+    queue.enqueue(db, "test.count", "future", delay=3600)
+    queue.enqueue(db, "test.count", "dead")
+    db.execute("UPDATE jobs SET run_at = 'infinity' WHERE dedupe_key = 'dead'")
+    assert queue.claim(db, "w1") is None
+    queue.enqueue(db, "test.count", "due")
+    assert queue.claim(db, "w1").dedupe_key == "due"
+    assert queue.claim(db, "w1") is None
+
+
+def test_claim_can_use_the_partial_index(db):
+    db.execute("SET enable_seqscan = off")
+    plan = "\n".join(r[0] for r in db.execute(
+        "EXPLAIN SELECT id FROM jobs WHERE locked_at IS NULL AND run_at <> 'infinity' "
+        "AND run_at <= now() ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED"))
+    assert "jobs_claimable" in plan
+
+
+@pytest.mark.parametrize("write", ["finish", "reschedule", "park", "retry_failed"])
+def test_fenced_write_after_reap_and_reclaim_by_the_same_worker_is_lost(db, write):
+    queue.enqueue(db, "test.count", "k:1")
+    old = queue.claim(db, "w1")
+    _age_lease(db, old.id)
+    assert [r["id"] for r in queue.reap_expired_leases(db, lease=300)] == [old.id]
+    new = queue.claim(db, "w1")  # same worker id, new claim, new token
+    assert new.id == old.id and new.lease_token != old.lease_token
+    ops = {"finish": lambda j: queue.finish(db, j),
+           "reschedule": lambda j: queue.reschedule(db, j, 60),
+           "park": lambda j: queue.park(db, j, "x"),
+           "retry_failed": lambda j: queue.retry_failed(db, j, 60, "boom")}
+    assert ops[write](old) is False
+    row = db.execute("SELECT locked_by, lease_token, run_at <> 'infinity', attempts FROM jobs").fetchone()
+    assert row == ("w1", new.lease_token, True, 2)
+    assert db.execute("SELECT count(*) FROM alerts").fetchone()[0] == 0
+    assert ops[write](new) is True
+
+
+def test_reaper_racing_a_finishing_worker_never_resurrects_the_job(db, db_url):
+    queue.enqueue(db, "test.count", "k:1")
+    job = queue.claim(db, "w1")
+    _age_lease(db, job.id)
+    finisher = psycopg.connect(db_url)  # not autocommit: hold the DELETE open
+    try:
+        assert queue.finish(finisher, job) is True  # row locked, uncommitted
+        result = {}
+        reaper = threading.Thread(target=lambda: result.setdefault(
+            "rows", queue.reap_expired_leases(psycopg.connect(db_url, autocommit=True), lease=300)))
+        reaper.start()
+        reaper.join(0.5)
+        assert reaper.is_alive(), "the reaper should wait on the finisher's row lock"
+        finisher.commit()
+        reaper.join(10)
+        assert result["rows"] == []
+    finally:
+        finisher.close()
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+
+
+def test_reaper_first_then_finish_is_lost(db):
+    queue.enqueue(db, "test.count", "k:1")
+    job = queue.claim(db, "w1")
+    _age_lease(db, job.id)
+    queue.reap_expired_leases(db, lease=300)
+    assert queue.finish(db, job) is False
+    assert db.execute("SELECT locked_by FROM jobs").fetchone() == (None,)
+
+
+def test_reaper_leaves_young_leases_alone(db):
+    queue.enqueue(db, "test.count", "k:1")
+    job = queue.claim(db, "w1")
+    _age_lease(db, job.id, 10)
+    assert queue.reap_expired_leases(db, lease=300) == []
+    assert queue.finish(db, job) is True
+
+
+def test_repeatedly_expiring_lease_is_dead_lettered_with_an_alert(db):
+    queue.enqueue(db, "test.exit", "poison")
+    for n in range(1, queue.MAX_FAILURES + 1):
+        job = queue.claim(db, "w1")
+        assert job is not None, f"claim {n}"
+        _age_lease(db, job.id)
+        [reaped] = queue.reap_expired_leases(db, lease=300)
+        assert reaped["parked"] is (n == queue.MAX_FAILURES)
+    assert queue.claim(db, "w1") is None
+    row = db.execute("SELECT run_at = 'infinity', last_error FROM jobs").fetchone()
+    assert row[0] is True and "dead-lettered" in row[1]
+    alerts = db.execute("SELECT kind, details->>'dedupe_key' FROM alerts").fetchall()
+    assert alerts == [("job_dead_lettered", "poison")]
+
+
+def test_an_outcome_ends_the_failure_streak(db):
+    queue.enqueue(db, "test.count", "k:1")
+    job = queue.claim(db, "w1")
+    assert queue.retry_failed(db, job, 0, "boom") is True
+    assert db.execute("SELECT failures, last_error FROM jobs").fetchone() == (1, "boom")
+    job = queue.claim(db, "w1")
+    assert queue.reschedule(db, job, 0) is True
+    assert db.execute("SELECT failures FROM jobs").fetchone() == (0,)
+
+
+def test_release_hands_back_only_the_given_leases_due_at_once(db):
+    for k in ("a", "b"):
+        queue.enqueue(db, "test.count", k)
+    a = queue.claim(db, "w1")
+    b = queue.claim(db, "w1")
+    assert queue.release(db, "w1", [a.lease_token, uuid.uuid4()]) == 1
+    again = queue.claim(db, "w2")
+    assert again.id == a.id
+    assert queue.finish(db, a) is False  # the released lease is fenced off
+    assert queue.finish(db, b) is True
+
+
+def test_two_threads_never_claim_the_same_job(db, db_url):
+    for i in range(200):
+        queue.enqueue(db, "test.count", f"k:{i}")
+    claimed: list[list[int]] = [[], []]
+
+    def take(slot):
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            while (job := queue.claim(conn, f"w{slot}")) is not None:
+                claimed[slot].append(job.id)
+
+    threads = [threading.Thread(target=take, args=(s,)) for s in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not set(claimed[0]) & set(claimed[1])
+    assert len(claimed[0]) + len(claimed[1]) == 200

@@ -1,0 +1,230 @@
+"""The systemd units under systemd/: the settings operators rely on, and
+`systemd-analyze verify` when the tool is installed (no database)."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+UNIT_DIR = Path(__file__).resolve().parents[2] / "systemd"
+WORKER = UNIT_DIR / "vpay-worker@.service"
+API = UNIT_DIR / "vpay-api.service"
+TARGET = UNIT_DIR / "vpay.target"
+ENV_EXAMPLE = UNIT_DIR / "vpay.env.example"
+SERVICES = [WORKER, API]
+
+# Hardening both services must keep (key -> exact value).
+HARDENING = {
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "PrivateDevices": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectControlGroups": "yes",
+    "RestrictNamespaces": "yes",
+    "LockPersonality": "yes",
+    "MemoryDenyWriteExecute": "yes",
+    "RestrictRealtime": "yes",
+    "SystemCallArchitectures": "native",
+    "CapabilityBoundingSet": "",
+    "AmbientCapabilities": "",
+}
+
+_TIMESPAN_UNITS = {
+    "us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3,
+    "": 1.0, "s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0,
+    "m": 60.0, "min": 60.0, "minute": 60.0, "minutes": 60.0,
+    "h": 3600.0, "hr": 3600.0, "hour": 3600.0, "hours": 3600.0,
+}
+
+
+def parse_timespan(value: str) -> float:
+    """Seconds in a systemd time span ("45", "45s", "1min 30s"); see systemd.time(7)."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value.strip().lower())
+    if not parts or re.sub(r"[\d.\sa-z]", "", value.lower()):
+        raise ValueError(f"not a time span: {value!r}")
+    return sum(float(n) * _TIMESPAN_UNITS[unit] for n, unit in parts)
+
+
+def load_unit(path: Path) -> configparser.ConfigParser:
+    # strict=False: systemd allows a key to repeat; interpolation=None: %i and
+    # %H are systemd specifiers, not configparser's.
+    parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    parser.optionxform = str  # systemd keys are case-sensitive
+    parser.read_string(path.read_text(), source=str(path))
+    return parser
+
+
+def exec_start_argv(unit: configparser.ConfigParser) -> list[str]:
+    return shlex.split(unit["Service"]["ExecStart"].replace("\\\n", " "))
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+# -- pure Python: always runs --------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SERVICES, ids=lambda p: p.name)
+def test_service_lifecycle_settings(path):
+    service = load_unit(path)["Service"]
+    assert service["Type"] == "notify"
+    assert service["NotifyAccess"] == "main"
+    assert service["KillMode"] == "mixed"
+    assert service.get("KillSignal", "SIGTERM") == "SIGTERM"
+    assert service["Restart"] == "on-failure"
+    assert "78" in service["RestartPreventExitStatus"].split(), "exit 78 (config refused) must not restart"
+    assert service["EnvironmentFile"].lstrip("-") == "/etc/vpay/vpay.env"
+    assert service["User"] == "vpay"
+    assert service["StateDirectory"] == "vpay"
+    assert service["WorkingDirectory"] == "/var/lib/vpay"
+    assert os.path.isabs(exec_start_argv(load_unit(path))[0])
+
+
+@pytest.mark.parametrize("path", SERVICES, ids=lambda p: p.name)
+def test_service_hardening(path):
+    service = load_unit(path)["Service"]
+    for key, expected in HARDENING.items():
+        assert key in service, f"{path.name} lost {key}="
+        assert service[key] == expected, f"{path.name}: {key}={service[key]!r}, want {expected!r}"
+    assert set(service["RestrictAddressFamilies"].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
+
+
+@pytest.mark.parametrize("path", SERVICES, ids=lambda p: p.name)
+def test_units_belong_to_the_target(path):
+    unit = load_unit(path)
+    assert "vpay.target" in unit["Unit"]["PartOf"].split()
+    assert "vpay.target" in unit["Install"]["WantedBy"].split()
+    assert "network-online.target" in unit["Unit"]["Wants"].split()
+    assert {"network-online.target", "postgresql.service"} <= set(unit["Unit"]["After"].split())
+
+
+def test_worker_stop_timeout_exceeds_the_drain_grace():
+    unit = load_unit(WORKER)
+    argv = exec_start_argv(unit)
+    grace = flag_value(argv, "--shutdown-grace-seconds")
+    assert grace is not None, "ExecStart must pass --shutdown-grace-seconds explicitly"
+    stop = parse_timespan(unit["Service"]["TimeoutStopSec"])
+    assert stop > float(grace), f"TimeoutStopSec={stop}s would SIGKILL a worker still inside its {grace}s grace"
+
+
+def test_worker_command_line():
+    unit = load_unit(WORKER)
+    argv = exec_start_argv(unit)
+    assert Path(argv[0]).name == "vpay-worker"
+    assert "%i" in (flag_value(argv, "--worker-id") or ""), "each replica needs its own worker id"
+    assert int(flag_value(argv, "--worker-concurrency")) >= 1
+
+
+def test_worker_watchdog():
+    service = load_unit(WORKER)["Service"]
+    assert "WatchdogSec" in service
+    assert parse_timespan(service["WatchdogSec"]) > 0
+    assert parse_timespan(service["RestartSec"]) > 0
+
+
+def test_api_unit():
+    unit = load_unit(API)
+    service = unit["Service"]
+    argv = exec_start_argv(unit)
+    assert Path(argv[0]).name == "vpay-server"
+    assert argv[1] == "api"
+    assert flag_value(argv, "--bind") == "127.0.0.1:8080"
+    # gunicorn's default graceful_timeout is 30 s.
+    assert parse_timespan(service["TimeoutStopSec"]) > 30
+    # gunicorn never sends WATCHDOG=1: a watchdog here would kill a healthy API.
+    assert parse_timespan(service.get("WatchdogSec", "0")) == 0
+
+
+def test_target_groups_api_and_replicas():
+    unit = load_unit(TARGET)
+    wants = unit["Unit"]["Wants"].split()
+    assert "vpay-api.service" in wants
+    assert {"vpay-worker@1.service", "vpay-worker@2.service"} <= set(wants)
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+def test_env_example_lists_the_contract_variables():
+    assignments = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep, f"not KEY=value: {line!r}"
+            assignments[key] = value
+    assert assignments["VPAY_DATABASE_URL"] == "postgresql://vpay@/vpay?host=/run/postgresql"
+    assert assignments["VPAY_PROMPT_TTL_SECONDS"] == "900"
+    for key in (
+        "VPAY_MTN_BASE_URL",
+        "VPAY_MTN_SUBSCRIPTION_KEY",
+        "VPAY_MTN_API_USER",
+        "VPAY_MTN_API_KEY",
+        "VPAY_MTN_TARGET_ENVIRONMENT",
+        "VPAY_MTN_CALLBACK_URL",
+    ):
+        assert assignments.get(key), f"{key} missing from vpay.env.example"
+    assert "0600" in ENV_EXAMPLE.read_text()
+
+
+def test_timespan_parser():
+    assert parse_timespan("45") == 45
+    assert parse_timespan("45s") == 45
+    assert parse_timespan("1min 30s") == 90
+    assert parse_timespan("500ms") == 0.5
+    with pytest.raises(ValueError):
+        parse_timespan("soon!")
+
+
+# -- systemd-analyze verify: only where the tool exists ------------------------
+
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+
+
+def _stand_in_executable() -> str:
+    # ExecStart binaries are checked for existence; the real ones are not
+    # installed on a test machine. The command is never run.
+    return "/bin/true" if os.access("/bin/true", os.X_OK) else sys.executable
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed (apt-get install systemd); unit syntax still checked by the pure-Python tests")
+def test_systemd_analyze_verify(tmp_path):
+    stand_in = _stand_in_executable()
+    for src in (WORKER, API, TARGET):
+        text = src.read_text()
+        text = re.sub(r"^(ExecStart=)(\S+)", lambda m: m.group(1) + stand_in, text, flags=re.M)
+        (tmp_path / src.name).write_text(text)
+    # A template is verified through an instance; a symlink named like one is
+    # how systemd finds the template for it.
+    for n in (1, 2):
+        (tmp_path / f"vpay-worker@{n}.service").symlink_to("vpay-worker@.service")
+
+    names = ["vpay-worker@1.service", "vpay-worker@2.service", "vpay-api.service", "vpay.target"]
+    proc = subprocess.run(
+        [SYSTEMD_ANALYZE, "verify", "--man=no", *[str(tmp_path / n) for n in names]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = (proc.stdout + proc.stderr).strip()
+    # Unknown keys and unparsable values are only warnings (exit 0): fail on
+    # any line about our units too.
+    markers = [str(tmp_path), *names, "vpay-worker@.service"]
+    ours = [line for line in output.splitlines() if any(m in line for m in markers)]
+    assert proc.returncode == 0 and not ours, f"systemd-analyze verify (exit {proc.returncode}):\n{output}"

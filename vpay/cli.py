@@ -1,0 +1,118 @@
+"""``vpay-server`` (a click group) and ``vpay-worker`` (= ``vpay-server worker``).
+
+Names, flags and exit codes are the contract's: 0 clean drain, 1 timed-out
+drain, 2 usage error, 78 configuration refused (EX_CONFIG).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+
+import click
+
+from . import logs
+
+EX_CONFIG = 78
+log = logging.getLogger("vpay.cli")
+
+
+def _refuse(message: str) -> None:
+    """One clear line, then exit 78: systemd will not restart a refused config
+    (RestartPreventExitStatus=78)."""
+    click.echo(f"vpay: configuration refused: {message}", err=True)
+    sys.exit(EX_CONFIG)
+
+
+def _open_db(pool_size: int | None = None):
+    from .db import ConfigError, database_url, make_pool
+    try:
+        url = database_url()
+    except ConfigError as exc:
+        _refuse(str(exc))
+    if pool_size is None:
+        return url, None
+    return url, make_pool(url, max_size=pool_size)
+
+
+@click.group()
+@click.option("--log-level", default=lambda: os.environ.get("VPAY_LOG_LEVEL", "INFO"),
+              show_default="INFO", help="Python log level for the JSON log on stdout.")
+def main(log_level: str) -> None:
+    """vpay-reconciler: decides how mobile-money payments end."""
+    logs.setup(log_level.upper())
+
+
+@main.command()
+def migrate() -> None:
+    """Apply pending sql/ migrations (idempotent; safe to run concurrently)."""
+    from .db import connect, migrate as run
+    url, _ = _open_db()
+    with connect(url) as conn:
+        applied = run(conn)
+    log.info("migrated", extra={"applied": applied})
+    click.echo(json.dumps({"applied": applied}))
+
+
+@main.command()
+@click.option("--worker-concurrency", type=int, default=4, show_default=True,
+              help="Claim loops in this process (at most MAX_CONNECTIONS // 2 = 5).")
+@click.option("--shutdown-grace-seconds", type=float, default=30.0, show_default=True,
+              help="After SIGTERM, how long in-flight jobs may take before their leases are released.")
+@click.option("--lease-seconds", type=float, default=300.0, show_default=True,
+              help="A lease older than this is reaped (RecoveryPolicy.lease).")
+@click.option("--idle-sleep", type=float, default=1.0, show_default=True,
+              help="Seconds a claim loop sleeps when nothing is due.")
+@click.option("--worker-id", default=None, help="Lease owner name [default: <hostname>:<pid>].")
+def worker(worker_concurrency: int, shutdown_grace_seconds: float, lease_seconds: float,
+           idle_sleep: float, worker_id: str | None) -> None:
+    """The reconciler worker: claims jobs, polls rails, drains on SIGTERM."""
+    from .db import MAX_CONNECTIONS
+    # Refused before any database connection: a wrong flag must not touch the fleet.
+    if not 1 <= worker_concurrency <= MAX_CONNECTIONS // 2:
+        _refuse(f"--worker-concurrency {worker_concurrency} is outside 1..{MAX_CONNECTIONS // 2} "
+                f"(MAX_CONNECTIONS // 2); scale with more replicas instead")
+    if shutdown_grace_seconds < 0 or lease_seconds <= 0 or idle_sleep <= 0:
+        _refuse("--shutdown-grace-seconds must be >= 0, --lease-seconds and --idle-sleep > 0")
+    from .handlers import Context
+    from .loop import Worker, WorkerConfig
+    from .settings import ConfigError, Settings
+    from .signals import ShutdownSignals
+
+    signals = ShutdownSignals().install()  # before the pool: a TERM during boot still drains
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        _refuse(str(exc))
+    wid = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    _, pool = _open_db(pool_size=MAX_CONNECTIONS)
+    ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
+    config = WorkerConfig(worker_id=wid, concurrency=worker_concurrency,
+                          shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,
+                          idle_sleep=idle_sleep)
+    from .handlers import ensure_scheduled
+    with pool.connection() as conn:
+        ensure_scheduled(conn)
+    drain = Worker(pool, ctx, config, signals).run()
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    if drain.value != 0:
+        # Threads still inside handlers must not keep the process alive; their
+        # later writes would be fenced anyway (the leases were released).
+        os._exit(drain.value)
+    pool.close()
+    sys.exit(drain.value)
+
+
+def worker_main() -> None:
+    """Entry point of ``vpay-worker``: ``vpay-server worker`` under its own name."""
+    logs.setup(os.environ.get("VPAY_LOG_LEVEL", "INFO").upper())
+    worker.main(prog_name="vpay-worker")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,135 @@
+"""Database access: which Postgres, the connection pool, and migrations.
+
+* ``VPAY_DATABASE_URL`` names the server; when it is unset, an embedded
+  Postgres (``pgserver``) under ``VPAY_DATA_DIR`` (default ``./.vpay``) is
+  created on first use and reused afterwards (contract: Configuration).
+* Pools are created in the process that uses them, never across a fork
+  (psycopg_pool docs), with autocommit connections: every multi-statement
+  write is an explicit ``conn.transaction()`` block.
+* Migrations are the ``sql/NNNN_*.sql`` files shipped inside the package as
+  ``vpay.sql``, applied in file-name order, each once, recorded in
+  ``schema_migrations``, under a transaction-scoped advisory lock so that two
+  concurrent ``migrate`` runs are safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Mapping
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool
+
+log = logging.getLogger("vpay.db")
+
+MAX_CONNECTIONS = 10
+"""The pool's size. A worker refuses ``--worker-concurrency`` above half of it
+(design page: "What can go wrong"), leaving room for handler writes."""
+
+_MIGRATE_LOCK = 7_316_240_051  # pg_advisory_xact_lock key for migrate; any fixed number
+
+
+class ConfigError(Exception):
+    """The configuration cannot work (exit 78, EX_CONFIG)."""
+
+
+def describe(url: str) -> str:
+    """``url`` without its password, for the one log line that says which
+    database is in use: ``user@host:port/dbname``."""
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<unparseable database url>"
+    host = parts.get("host") or "localhost"
+    port = parts.get("port") or "5432"
+    return f"{parts.get('user') or '-'}@{host}:{port}/{parts.get('dbname') or '-'}"
+
+
+def embedded_url(data_dir: str | os.PathLike) -> str:
+    """Start (or reuse) the embedded Postgres under ``data_dir/pgdata`` and
+    return its URL (a Unix socket; it listens on no TCP port).
+
+    The server stops when the last process that opened it exits (pgserver's
+    ``cleanup_mode='stop'``); a process killed with -9 leaves it running, and
+    the next use reuses it.
+    """
+    import pgserver  # imported lazily: only the embedded default needs it
+
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    root = Path(data_dir).expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(root / "pgdata", cleanup_mode="stop")
+    return server.get_uri()
+
+
+def database_url(environ: Mapping[str, str] | None = None) -> str:
+    """The URL every command uses: ``VPAY_DATABASE_URL`` or the embedded
+    default under ``VPAY_DATA_DIR``. Logs which one, without a password."""
+    env = os.environ if environ is None else environ
+    url = env.get("VPAY_DATABASE_URL", "").strip()
+    if url:
+        log.info("database in use", extra={"database": describe(url), "embedded": False})
+        return url
+    data_dir = env.get("VPAY_DATA_DIR", "").strip() or "./.vpay"
+    url = embedded_url(data_dir)
+    log.info("database in use", extra={"database": describe(url), "embedded": True,
+                                       "data_dir": str(Path(data_dir).resolve())})
+    return url
+
+
+def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
+              name: str = "vpay", timeout: float = 30.0) -> ConnectionPool:
+    """An open pool of autocommit connections. Broken connections are
+    checked on checkout and replaced, so a Postgres restart is survived.
+
+    Raises ``psycopg_pool.PoolTimeout`` when no connection can be made within
+    ``timeout`` seconds.
+    """
+    pool = ConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        name=name,
+        open=False,
+        kwargs={"autocommit": True},
+        check=ConnectionPool.check_connection,
+        reconnect_timeout=float("inf"),
+    )
+    pool.open(wait=True, timeout=timeout)
+    return pool
+
+
+def migration_files() -> list[tuple[str, str]]:
+    """``[(file name, sql text)]`` of the shipped migrations, in name order."""
+    folder = resources.files("vpay.sql")
+    files = sorted((e for e in folder.iterdir() if e.name.endswith(".sql")), key=lambda e: e.name)
+    return [(e.name, e.read_text(encoding="utf-8")) for e in files]
+
+
+def migrate(conn: psycopg.Connection) -> list[str]:
+    """Apply pending migrations in one transaction; answer the names applied
+    (empty when the schema is current). Safe to run twice, and concurrently:
+    the advisory lock serialises runs and the second sees them applied."""
+    applied: list[str] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+        done = {r[0] for r in conn.execute("SELECT name FROM schema_migrations")}
+        for name, sql in migration_files():
+            if name in done:
+                continue
+            conn.execute(sql)
+            conn.execute("INSERT INTO schema_migrations (name) VALUES (%s)", (name,))
+            applied.append(name)
+    return applied
+
+
+def connect(url: str) -> psycopg.Connection:
+    """One autocommit connection, for commands that need no pool."""
+    return psycopg.connect(url, autocommit=True)

@@ -1,0 +1,92 @@
+"""Job handlers: one module per job kind, dispatched by ``jobs.kind``.
+
+A handler is a plain function ``(job, ctx) -> Outcome``. It never touches its
+own job row (the loop owns it), and it is a compare-and-swap: re-running it
+after a crash matches no rows and answers ``Done`` (design page, "The job
+queue").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from psycopg_pool import ConnectionPool
+
+from ..outcome import DeadLetter, Outcome
+from ..queue import Job
+from ..rails.port import Rail
+from ..settings import Settings
+
+log = logging.getLogger("vpay.handlers")
+
+
+@dataclass
+class Context:
+    """What handlers may use: the pool (autocommit connections), the rails by
+    code (built on first use, shared by threads), the settings and this
+    worker's id."""
+
+    pool: ConnectionPool
+    worker_id: str
+    settings: Settings = field(default_factory=Settings)
+    lease_seconds: float = 300.0
+    rail_factory: Callable[[str], Rail] | None = None
+    _rails: dict[str, Rail] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def rail(self, code: str) -> Rail:
+        """The adapter for ``code``; raises ``RailError`` when it is not configured."""
+        with self._lock:
+            if code not in self._rails:
+                factory = self.rail_factory
+                if factory is None:
+                    from ..rails import build_rail
+                    factory = build_rail
+                self._rails[code] = factory(code)
+            return self._rails[code]
+
+
+Handler = Callable[[Job, Context], Outcome]
+REGISTRY: dict[str, Handler] = {}
+
+
+def register(kind: str) -> Callable[[Handler], Handler]:
+    def wrap(fn: Handler) -> Handler:
+        REGISTRY[kind] = fn
+        return fn
+    return wrap
+
+
+def handle(job: Job, ctx: Context) -> Outcome:
+    """Run the handler for ``job.kind``. An unknown kind is dead-lettered:
+    no retry could make it known."""
+    fn = REGISTRY.get(job.kind)
+    if fn is None:
+        return DeadLetter(f"no handler for job kind {job.kind!r}")
+    return fn(job, ctx)
+
+
+HOURLY = 3600.0
+SCHEDULED = {"scan:live": "scan", "sweep:expired": "sweep"}
+"""The hourly jobs that exist from worker boot and reschedule themselves."""
+
+
+def ensure_scheduled(conn) -> None:
+    """Enqueue ``scan:live`` and ``sweep:expired`` unless they exist
+    (``ON CONFLICT DO NOTHING``): every worker calls this at boot."""
+    from ..queue import enqueue
+    for key, kind in SCHEDULED.items():
+        enqueue(conn, kind, key, {}, delay=0)
+
+
+def _load() -> None:
+    from . import poll, resubmit, scan, sweep, webhooks  # noqa: F401  (registers)
+    if os.environ.get("VPAY_TEST_HANDLERS") == "1":
+        from . import testing  # noqa: F401
+
+
+_load()

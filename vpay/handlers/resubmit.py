@@ -1,0 +1,47 @@
+"""``resubmit:<charge_id>``: a request-to-pay we could not confirm.
+
+Issue "the whole charge lifecycle", item 3. A timeout, 5xx or refused
+connection on the request-to-pay does not fail the charge. While the prompt
+TTL runs, this job re-sends it with the same ``X-Reference-Id`` (MoMo answers
+409 when it already had it: accepted) on a backoff. Past the TTL it stops
+sending and asks the rail instead: a reference the rail still does not know
+fails the charge with ``failure_code = 'not_submitted'`` (one event); one it
+knows is left to the poll job.
+"""
+
+from __future__ import annotations
+
+from .. import money
+from ..outcome import Done, RetryAfter
+from ..payments import resubmit_delay, submit
+from ..rails.port import StatusKind, SubmitKind
+from . import register
+
+NOT_SUBMITTED = "not_submitted"
+
+
+@register("resubmit")
+def resubmit(job, ctx):
+    charge_id = job.payload.get("charge_id")
+    with ctx.pool.connection() as conn:
+        charge = money.load_charge(conn, charge_id) if charge_id else None
+    if charge is None or charge["status"] not in ("pending", "unresolved") or charge["submitted_at"]:
+        return Done("nothing to resubmit")
+    rail = ctx.rail(charge["rail"])
+    if charge["age_seconds"] < ctx.settings.prompt_ttl_seconds:
+        with ctx.pool.connection() as conn:
+            answer = submit(conn, rail, charge, schedule_resubmit=False)
+        if answer.kind is SubmitKind.NO_ANSWER:
+            return RetryAfter(resubmit_delay(job.attempts + 1), f"request-to-pay: {answer.reason}")
+        return Done()
+    # The prompt is over: a re-send would ask the payer about a stale prompt.
+    status = rail.status(money.charge_request(charge))
+    with ctx.pool.connection() as conn:
+        if status.kind is StatusKind.NOT_FOUND:
+            money.settle(conn, charge_id, StatusKind.FAILED, failure_code=NOT_SUBMITTED)
+            return Done()
+        if status.kind is StatusKind.NO_ANSWER:
+            return RetryAfter(resubmit_delay(job.attempts + 1), f"status: {status.detail}")
+        money.record_poll(conn, charge_id, rail_knows=True)
+    return Done("the rail knows it; the poll job carries on")
+

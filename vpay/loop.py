@@ -1,0 +1,323 @@
+"""The worker: claim loops in a thread pool, Outcome dispatch, reapers, drain.
+
+Design page, "The job queue", "Leases and crash recovery" and "SIGTERM and
+the drain". The shape:
+
+* ``concurrency`` claim loops run in a ``ThreadPoolExecutor``. Each claims one
+  job, calls ``handlers.handle``, and applies the answer with a fenced write:
+  ``Done`` → finish, ``RetryAfter`` → reschedule, ``DeadLetter`` → park. Any
+  other exception is retried with backoff and parked after
+  ``queue.MAX_FAILURES`` in a row. A fenced write that matches nothing is
+  counted as **lost** and changes nothing.
+* Expired leases are reaped at boot (before claiming: the dead worker may
+  have held ``sweep:expired``), and every ``lease / 2`` on this module's own
+  timer thread, so a dead queue cannot stop the reaper.
+* A signal stops claiming; in-flight jobs get ``shutdown_grace`` seconds from
+  the signal. All done → ``Drain.CLEAN``. Otherwise the leases still held are
+  released (due at once for another worker) → ``Drain.TIMED_OUT``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import traceback
+import uuid
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from . import handlers, queue
+from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
+from .sdnotify import Notifier, watchdog_interval
+from .signals import Drain, ShutdownSignals
+
+log = logging.getLogger("vpay.worker")
+
+GAUGE_EVERY = 60.0  # seconds between gauge lines
+DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
+
+
+@dataclass
+class WorkerConfig:
+    """Flags of ``vpay-worker`` (contract: Commands). Seconds throughout."""
+
+    worker_id: str
+    concurrency: int = 4
+    shutdown_grace: float = 30.0
+    lease: float = 300.0
+    idle_sleep: float = 1.0
+
+
+@dataclass
+class Gauge:
+    """Counters since boot. ``lost`` counts fenced writes that matched
+    nothing: a handler outran its lease and someone else holds the job now."""
+
+    claimed: int = 0
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    parked: int = 0
+    lost: int = 0
+    reaped: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {k: getattr(self, k) for k in
+                    ("claimed", "done", "retried", "failed", "parked", "lost", "reaped")}
+
+
+def failure_backoff(failures: int) -> float:
+    """Seconds before a job whose handler raised runs again: 5 s doubling per
+    consecutive failure, capped at 10 min, with ±20 % jitter."""
+    base = min(5.0 * (2 ** failures), 600.0)
+    return base * random.uniform(0.8, 1.2)
+
+
+def _retry_db(fn):
+    """Apply a write through a brief database outage (a restart, a dropped
+    connection): up to 30 s. After that the lease stays, and the reaper
+    frees the job later; nothing is lost either way."""
+    return retry(retry=retry_if_exception_type(DB_ERRORS), stop=stop_after_delay(30),
+                 wait=wait_exponential(multiplier=0.2, max=5), reraise=True)(fn)
+
+
+class Worker:
+    """One worker process's loops. ``run()`` blocks until the drain ends and
+    answers the ``Drain``; the caller exits with its value."""
+
+    def __init__(self, pool: ConnectionPool, ctx: handlers.Context, config: WorkerConfig,
+                 signals: ShutdownSignals, notifier: Notifier | None = None):
+        self.pool = pool
+        self.ctx = ctx
+        self.config = config
+        self.signals = signals
+        self.notifier = notifier or Notifier.from_env()
+        self.gauge = Gauge()
+        self._stopping = threading.Event()  # the loops' view of the drain
+        self._halt = threading.Event()      # the helper threads' stop
+        self._inflight: dict[uuid.UUID, queue.Job] = {}
+        self._inflight_lock = threading.Lock()
+        self._beats: list[float] = [time.monotonic()] * config.concurrency
+
+    # ---- the claim loop -------------------------------------------------
+
+    def _claim_loop(self, slot: int) -> None:
+        backoff = 0.5
+        while not self._stopping.is_set():
+            self._beats[slot] = time.monotonic()
+            try:
+                with self.pool.connection() as conn:
+                    job = queue.claim(conn, self.config.worker_id)
+            except DB_ERRORS as exc:
+                log.warning("claim failed; database unavailable",
+                            extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            backoff = 0.5
+            if job is None:
+                self._stopping.wait(self.config.idle_sleep)
+                continue
+            self.gauge.add(claimed=1)
+            with self._inflight_lock:
+                self._inflight[job.lease_token] = job
+            try:
+                self._run(job)
+            finally:
+                with self._inflight_lock:
+                    self._inflight.pop(job.lease_token, None)
+            self._beats[slot] = time.monotonic()
+
+    def _job_extra(self, job: queue.Job, **more) -> dict:
+        return {"worker_id": self.config.worker_id, "job_id": job.id, "kind": job.kind,
+                "dedupe_key": job.dedupe_key, "attempts": job.attempts, **more}
+
+    def _run(self, job: queue.Job) -> None:
+        started = time.monotonic()
+        error: str | None = None
+        try:
+            outcome: Outcome | None = handlers.handle(job, self.ctx)
+        except JobError as exc:
+            outcome = exc.decision
+        except Exception as exc:  # noqa: BLE001 - any handler failure is retried, never fatal
+            outcome = None
+            error = f"{type(exc).__name__}: {exc}"
+            log.error("handler raised", extra=self._job_extra(
+                job, error=error, traceback=traceback.format_exc(limit=8)))
+        elapsed = round(time.monotonic() - started, 3)
+        try:
+            kept = self._apply(job, outcome, error)
+        except DB_ERRORS as exc:
+            log.error("could not record the job's outcome; its lease will be reaped",
+                      extra=self._job_extra(job, error=str(exc)[:300]))
+            return
+        if not kept:
+            self.gauge.add(lost=1)
+            log.warning("lease lost: the outcome was discarded", extra=self._job_extra(
+                job, outcome=type(outcome).__name__ if outcome else "error", seconds=elapsed))
+            return
+        log.info("job handled", extra=self._job_extra(
+            job, outcome=type(outcome).__name__ if outcome else "error", seconds=elapsed))
+
+    @_retry_db
+    def _apply(self, job: queue.Job, outcome: Outcome | None, error: str | None) -> bool:
+        with self.pool.connection() as conn:
+            if outcome is None:
+                if job.failures + 1 >= queue.MAX_FAILURES:
+                    kept = queue.park(conn, job, f"dead-lettered after {job.failures + 1} "
+                                                 f"consecutive failures; last: {error}")
+                    if kept:
+                        self.gauge.add(parked=1)
+                    return kept
+                kept = queue.retry_failed(conn, job, failure_backoff(job.failures), error or "")
+                if kept:
+                    self.gauge.add(failed=1)
+                return kept
+            if isinstance(outcome, Done):
+                kept = queue.finish(conn, job)
+                if kept:
+                    self.gauge.add(done=1)
+                return kept
+            if isinstance(outcome, RetryAfter):
+                kept = queue.reschedule(conn, job, outcome.seconds, outcome.note)
+                if kept:
+                    self.gauge.add(retried=1)
+                return kept
+            if isinstance(outcome, DeadLetter):
+                kept = queue.park(conn, job, outcome.reason)
+                if kept:
+                    self.gauge.add(parked=1)
+                    log.error("job dead-lettered", extra=self._job_extra(job, reason=outcome.reason))
+                return kept
+        raise TypeError(f"handler for {job.kind!r} returned {outcome!r}, not an Outcome")
+
+    # ---- maintenance threads --------------------------------------------
+
+    def reap(self) -> int:
+        """Free leases older than the lease; log each reaped job."""
+        with self.pool.connection() as conn:
+            rows = queue.reap_expired_leases(conn, self.config.lease)
+        for row in rows:
+            log.warning("lease reaped", extra={"worker_id": self.config.worker_id,
+                                               "job_id": row["id"], "kind": row["kind"],
+                                               "dedupe_key": row["dedupe_key"],
+                                               "parked": row["parked"]})
+        self.gauge.add(reaped=len(rows))
+        return len(rows)
+
+    def _reaper_thread(self) -> None:
+        interval = max(self.config.lease / 2.0, 0.5)
+        while not self._halt.wait(interval):
+            try:
+                self.reap()
+            except DB_ERRORS as exc:
+                log.warning("reaper could not reach the database", extra={"error": str(exc)[:300]})
+
+    def gauge_line(self, final: bool = False) -> dict:
+        counts = self.gauge.snapshot()
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                counts |= queue.depth(conn)
+        except DB_ERRORS:
+            counts |= {"due": -1, "leased": -1, "dead": -1}
+        log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts})
+        self.notifier.status(" ".join(f"{k}={v}" for k, v in counts.items()))
+        return counts
+
+    def _gauge_thread(self) -> None:
+        while not self._halt.wait(GAUGE_EVERY):
+            self.gauge_line()
+
+    def _watchdog_thread(self, interval: float) -> None:
+        # Ping only while every claim loop has come round recently: a loop
+        # stuck in a handler past the watchdog deadline lets systemd act.
+        deadline = interval * 2
+        while not self._halt.wait(interval):
+            if self._stopping.is_set():
+                self.notifier.watchdog()  # the drain has its own clock
+                continue
+            now = time.monotonic()
+            if all(now - beat < deadline for beat in self._beats):
+                self.notifier.watchdog()
+            else:
+                log.error("watchdog withheld: a claim loop has not come round",
+                          extra={"worker_id": self.config.worker_id})
+
+    # ---- run and drain --------------------------------------------------
+
+    def run(self) -> Drain:
+        cfg = self.config
+        reaped = self.reap()
+        log.info("worker started", extra={"worker_id": cfg.worker_id, "concurrency": cfg.concurrency,
+                                          "lease_seconds": cfg.lease, "reaped_at_boot": reaped})
+        executor = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="claim")
+        futures = [executor.submit(self._claim_loop, slot) for slot in range(cfg.concurrency)]
+        helpers = [threading.Thread(target=self._reaper_thread, name="reaper", daemon=True),
+                   threading.Thread(target=self._gauge_thread, name="gauge", daemon=True)]
+        wd = watchdog_interval()
+        if wd and self.notifier.enabled:
+            helpers.append(threading.Thread(target=self._watchdog_thread, args=(wd,),
+                                            name="watchdog", daemon=True))
+        for t in helpers:
+            t.start()
+        self.notifier.ready(status=f"claiming with {cfg.concurrency} loops")
+
+        # The main thread polls the flags rather than waiting on them: see signals.py.
+        while not self.signals.stop.is_set():
+            if any(f.done() for f in futures):
+                break  # a claim loop died: should not happen; drain and let systemd restart us
+            time.sleep(0.1)
+        return self._drain(executor, futures)
+
+    def _drain(self, executor: ThreadPoolExecutor, futures) -> Drain:
+        cfg = self.config
+        self._stopping.set()
+        started = self.signals.received_at or time.monotonic()
+        self.notifier.stopping()
+        self.notifier.extend_timeout(cfg.shutdown_grace + 5)
+        log.info("draining", extra={"worker_id": cfg.worker_id, "signal": self.signals.signal_name,
+                                    "grace_seconds": cfg.shutdown_grace,
+                                    "in_flight": len(self._inflight)})
+        deadline = started + cfg.shutdown_grace
+        while time.monotonic() < deadline and not self.signals.hurry.is_set():
+            done, pending = wait(futures, timeout=0.1)
+            if not pending:
+                break
+        pending = [f for f in futures if not f.done()]
+        for f in futures:
+            if f.done() and f.exception() is not None:
+                log.error("claim loop crashed", extra={"worker_id": cfg.worker_id,
+                                                       "error": repr(f.exception())})
+        self._halt.set()
+        if not pending:
+            executor.shutdown(wait=True)
+            self.gauge_line(final=True)
+            log.info("drain clean", extra={"worker_id": cfg.worker_id, "drain": "clean"})
+            return Drain.CLEAN
+        with self._inflight_lock:
+            tokens = list(self._inflight)
+        released = 0
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                released = queue.release(conn, cfg.worker_id, tokens)
+        except DB_ERRORS as exc:
+            log.error("could not release leases; they will be reaped",
+                      extra={"worker_id": cfg.worker_id, "error": str(exc)[:300]})
+        self.gauge_line(final=True)
+        log.warning(f"drain timed out: released={released}",
+                    extra={"worker_id": cfg.worker_id, "drain": "timed_out", "released": released,
+                           "hurried": self.signals.hurry.is_set()})
+        return Drain.TIMED_OUT

@@ -1,0 +1,304 @@
+"""The money state machine: every charge and intent transition, in one module.
+
+Charges: ``pending`` → ``succeeded`` | ``failed`` | ``unresolved``;
+``unresolved`` → ``succeeded`` | ``failed``. Intents follow their charge:
+``processing`` → ``succeeded`` | ``requires_payment_method``; an escalated
+charge leaves its intent where it was (design page, "Timers assert nothing").
+
+Every transition is one transaction and a compare-and-swap on the current
+status: a second call, a racing worker or a re-run after a crash matches no
+row and answers "nothing to do", and no status moves backwards. Each
+transition writes exactly one event, born with its ``fanout:<event_id>``
+webhook job in the same transaction. Amounts are integers in minor units.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from . import queue
+from .currency import CURRENCIES
+from .ids import new_id, new_rail_reference
+from .queries import Q
+from .rails import KNOWN_RAILS
+from .rails.port import ChargeRequest, StatusKind
+
+log = logging.getLogger("vpay.money")
+
+MSISDN = re.compile(r"^\+?([0-9]{8,15})$")
+MERCHANT = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MAX_AMOUNT = 10**12  # minor units; well past any mobile-money wallet limit
+
+FIRST_POLL_SECONDS = 10.0  # the ladder's first rung: the poll job is born due in 10 s
+
+
+class InvalidPayment(ValueError):
+    """Bad input to ``create_payment``; ``param`` names the offending field.
+    Nothing was written."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Created:
+    """``create_payment``'s answer: the intent and charge rows as dicts."""
+
+    intent: dict[str, Any]
+    charge: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """``settle``'s answer. ``transitioned`` is False when the CAS matched no
+    row; ``status`` is the charge's status afterwards; ``contradiction`` is
+    True when the charge was already terminal the other way."""
+
+    transitioned: bool
+    status: str
+    contradiction: bool = False
+
+
+def validate(merchant_id: str, amount: Any, currency: Any, rail: Any, payer: Any) -> tuple[str, int, str, str, str]:
+    """Normalise and check a payment's input. Raises ``InvalidPayment``.
+
+    amount: a positive int in minor units (bools and floats are refused);
+    currency: an ISO 4217 code this service supports (``vpay.currency``);
+    payer: an MSISDN, 8 to 15 digits, an optional leading ``+`` dropped;
+    rail: one of ``vpay.rails.KNOWN_RAILS``.
+    """
+    if not isinstance(merchant_id, str) or not MERCHANT.match(merchant_id):
+        raise InvalidPayment("merchant", "merchant must be 1-64 letters, digits, '_', '-' or '.'")
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise InvalidPayment("amount", "amount must be a whole number of minor units")
+    if not 0 < amount <= MAX_AMOUNT:
+        raise InvalidPayment("amount", f"amount must be between 1 and {MAX_AMOUNT} minor units")
+    if not isinstance(currency, str) or currency.upper() not in CURRENCIES:
+        raise InvalidPayment("currency", f"unknown or unsupported currency {currency!r}")
+    if rail not in KNOWN_RAILS:
+        raise InvalidPayment("rail", f"unknown rail {rail!r}; known: {', '.join(KNOWN_RAILS)}")
+    m = MSISDN.match(payer) if isinstance(payer, str) else None
+    if not m:
+        raise InvalidPayment("payer", "payer must be an MSISDN: 8 to 15 digits, international form")
+    return merchant_id, amount, currency.upper(), rail, m.group(1)
+
+
+def emit_event(conn: psycopg.Connection, type_: str, intent: dict[str, Any],
+               charge: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write one event and its ``fanout:<event_id>`` job. Call inside the
+    transition's transaction so that the event and its delivery are born
+    together (webhooks: fan-out)."""
+    data = {"object": intent_view(intent), "charge": charge_view(charge), **(extra or {})}
+    with conn.cursor(row_factory=dict_row) as cur:
+        event = cur.execute(Q["insert_event"], {"id": new_id("evt"), "type": type_,
+                                                "payment_intent_id": intent["id"],
+                                                "data": Jsonb(data)}).fetchone()
+    queue.enqueue(conn, "fanout", f"fanout:{event['id']}", {"event_id": event["id"]})
+    return event
+
+
+def create_payment(conn: psycopg.Connection, *, merchant_id: str, amount: int, currency: str,
+                   rail: str, payer: str, description: str | None = None,
+                   prompt_ttl_seconds: int = 900) -> Created:
+    """Create a confirmed payment: in ONE transaction the intent
+    (``processing``, with a ``mobile_money_prompt`` next action), the charge
+    (``pending``, a fresh UUIDv4 ``rail_reference``), its ``poll:<charge_id>``
+    job (due at the ladder's first rung) and the ``payment_intent.processing``
+    event. The rail is asked to pay only after this commits (``submit``), so
+    every kill point leaves the poll job behind (design page, "The job queue").
+
+    Raises ``InvalidPayment`` before writing anything on bad input.
+    """
+    merchant_id, amount, currency, rail, payer = validate(merchant_id, amount, currency, rail, payer)
+    if description is not None and (not isinstance(description, str) or len(description) > 160):
+        raise InvalidPayment("description", "description must be text of at most 160 characters")
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        intent = cur.execute(Q["insert_intent"], {
+            "id": new_id("pi"), "merchant_id": merchant_id, "amount": amount, "currency": currency,
+            "ttl": prompt_ttl_seconds, "description": description}).fetchone()
+        charge = cur.execute(Q["insert_charge"], {
+            "id": new_id("ch"), "payment_intent_id": intent["id"], "rail": rail,
+            "rail_reference": new_rail_reference(), "payer": payer, "amount": amount,
+            "currency": currency}).fetchone()
+        queue.enqueue(conn, "poll", f"poll:{charge['id']}", {"charge_id": charge["id"]},
+                      delay=FIRST_POLL_SECONDS)
+        emit_event(conn, "payment_intent.processing", intent, charge, {"expired": False})
+    log.info("payment created", extra={"payment_intent": intent["id"], "charge_id": charge["id"],
+                                       "rail": rail, "amount": amount, "currency": currency})
+    return Created(intent=intent, charge=charge)
+
+
+def charge_request(charge: dict[str, Any], description: str | None = None) -> ChargeRequest:
+    """The rail port's view of a charge row."""
+    return ChargeRequest(charge_id=charge["id"], rail_reference=charge["rail_reference"],
+                         amount=charge["amount"], currency=charge["currency"],
+                         payer=charge["payer"], description=description or "")
+
+
+def load_charge(conn: psycopg.Connection, charge_id: str) -> dict[str, Any] | None:
+    """A charge row plus ``age_seconds`` (by the database's clock),
+    ``merchant_id`` and ``intent_status``; ``None`` when unknown."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["load_charge"], {"id": charge_id}).fetchone()
+
+
+def mark_submitted(conn: psycopg.Connection, charge_id: str) -> bool:
+    """The rail accepted the request-to-pay: set ``submitted_at`` once."""
+    return conn.execute(Q["mark_submitted"], {"id": charge_id}).fetchone() is not None
+
+
+def record_poll(conn: psycopg.Connection, charge_id: str, rail_knows: bool) -> None:
+    """Stamp ``last_polled_at``; when the rail knew the reference, also
+    ``submitted_at`` (recovers the kill point between the rail's 202 and our
+    write of ``submitted_at``)."""
+    conn.execute(Q["record_poll"], {"id": charge_id, "rail_knows": rail_knows})
+
+
+def raise_alert(conn: psycopg.Connection, kind: str, charge_id: str | None,
+                details: dict[str, Any]) -> bool:
+    """Write an alert (``charge_unresolved`` is unique per charge). Answers
+    whether a new row was written."""
+    return conn.execute(Q["insert_alert"], {"kind": kind, "charge_id": charge_id,
+                                            "details": Jsonb(details)}).fetchone() is not None
+
+
+def settle(conn: psycopg.Connection, charge_id: str, kind: StatusKind, *,
+           failure_code: str | None = None, rail_transaction_id: str | None = None) -> Settled:
+    """Move a live charge to its terminal state, with its intent and one event,
+    in one transaction: ``SUCCEEDED`` → charge ``succeeded``, intent
+    ``succeeded``, ``payment_intent.succeeded``; ``FAILED`` → charge ``failed``
+    (``failure_code`` kept), intent ``requires_payment_method``,
+    ``payment_intent.payment_failed``.
+
+    A compare-and-swap on the charge's status: when the charge is already
+    terminal nothing changes; if it ended the other way the rail has
+    contradicted us, and a ``rail_contradiction`` alert is written (design
+    page, "What the worker does not do": contradictions are alerted, never
+    acted on). Raises ``ValueError`` for a non-terminal ``kind``.
+    """
+    if kind not in (StatusKind.SUCCEEDED, StatusKind.FAILED):
+        raise ValueError(f"settle needs a terminal outcome, got {kind}")
+    status = "succeeded" if kind is StatusKind.SUCCEEDED else "failed"
+    code = (failure_code or "unknown") if status == "failed" else None
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        charge = cur.execute(Q["settle_charge"], {
+            "id": charge_id, "status": status, "failure_code": code,
+            "rail_transaction_id": rail_transaction_id}).fetchone()
+        if charge is None:
+            current = cur.execute("SELECT status, failure_code FROM charges WHERE id = %s",
+                                  (charge_id,)).fetchone()
+            if current is None:
+                raise LookupError(f"no charge {charge_id}")
+            if current["status"] in ("succeeded", "failed") and current["status"] != status:
+                note_contradiction(conn, charge_id, current["status"], current["failure_code"],
+                                   status, code, where="settle")
+                return Settled(False, current["status"], contradiction=True)
+            return Settled(False, current["status"])
+        intent_status = "succeeded" if status == "succeeded" else "requires_payment_method"
+        intent = cur.execute(Q["settle_intent"], {"id": charge["payment_intent_id"],
+                                                  "status": intent_status}).fetchone()
+        if intent is None:  # the intent moved on its own (canceled): keep it, still tell the merchant
+            intent = cur.execute(Q["load_intent"], {"id": charge["payment_intent_id"]}).fetchone()
+        event_type = "payment_intent.succeeded" if status == "succeeded" else "payment_intent.payment_failed"
+        emit_event(conn, event_type, intent, charge)
+    log.info("charge settled", extra={"charge_id": charge_id, "status": status,
+                                      "failure_code": code, "payment_intent": intent["id"]})
+    return Settled(True, status)
+
+
+def note_contradiction(conn: psycopg.Connection, charge_id: str, ours: str, our_code: str | None,
+                       rail_says: str, rail_code: str | None, *, where: str) -> None:
+    """Alert that the rail reports the opposite of a settled charge; change
+    nothing else (runbook: worker-queue, "a rail contradicting a settled charge")."""
+    details = {"ours": ours, "our_failure_code": our_code, "rail_says": rail_says,
+               "rail_reason": rail_code, "where": where}
+    raise_alert(conn, "rail_contradiction", charge_id, details)
+    log.error("rail contradicts a settled charge", extra={"charge_id": charge_id, **details})
+
+
+def escalate(conn: psycopg.Connection, charge_id: str, horizon_seconds: int) -> bool:
+    """At the horizon (24 h from ``created_at``), a charge still ``pending``
+    becomes ``unresolved`` and one ``charge_unresolved`` alert is written
+    (logged at error, once). The intent is left as it was; no event.
+    Answers whether this call escalated it."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        charge = cur.execute(Q["escalate_charge"], {"id": charge_id,
+                                                    "horizon": horizon_seconds}).fetchone()
+        if charge is None:
+            return False
+        raise_alert(conn, "charge_unresolved", charge_id, {
+            "payment_intent": charge["payment_intent_id"], "rail": charge["rail"],
+            "rail_reference": charge["rail_reference"], "amount": charge["amount"],
+            "currency": charge["currency"], "created_at": charge["created_at"].isoformat()})
+    log.error("charge unresolved at the horizon: reconcile against the rail's statement",
+              extra={"charge_id": charge_id, "rail": charge["rail"],
+                     "rail_reference": charge["rail_reference"], "horizon_seconds": horizon_seconds})
+    return True
+
+
+def expire_prompt(conn: psycopg.Connection, charge_id: str, ttl_seconds: int) -> bool:
+    """The first time a live charge is past the prompt TTL: set
+    ``prompt_expired_at``, clear the intent's ``next_action``, and emit
+    ``payment_intent.processing`` with ``expired: true``, exactly once (the
+    CAS is ``prompt_expired_at IS NULL``). Answers whether this call did it."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        charge = cur.execute(Q["expire_prompt"], {"id": charge_id, "ttl": ttl_seconds}).fetchone()
+        if charge is None:
+            return False
+        intent = cur.execute(Q["clear_next_action"], {"id": charge["payment_intent_id"]}).fetchone()
+        emit_event(conn, "payment_intent.processing", intent, charge, {"expired": True})
+    log.info("prompt expired", extra={"charge_id": charge_id, "ttl_seconds": ttl_seconds})
+    return True
+
+
+def intent_view(intent: dict[str, Any]) -> dict[str, Any]:
+    """The merchant-facing JSON of an intent (times as ISO 8601)."""
+    return {
+        "id": intent["id"], "object": "payment_intent", "amount": intent["amount"],
+        "currency": intent["currency"], "status": intent["status"],
+        "next_action": intent["next_action"], "description": intent.get("description"),
+        "merchant": intent["merchant_id"],
+        "created": _iso(intent["created_at"]), "updated": _iso(intent["updated_at"]),
+    }
+
+
+def charge_view(charge: dict[str, Any]) -> dict[str, Any]:
+    """The merchant-facing JSON of a charge (the payer's MSISDN is kept: the
+    merchant supplied it)."""
+    keys = ("id", "payment_intent_id", "rail", "rail_reference", "payer", "amount", "currency",
+            "status", "failure_code", "rail_transaction_id")
+    times = ("created_at", "submitted_at", "settled_at", "unresolved_at", "prompt_expired_at",
+             "last_polled_at")
+    return {k: charge.get(k) for k in keys} | {k: _iso(charge.get(k)) for k in times}
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def show(conn: psycopg.Connection, some_id: str) -> dict[str, Any] | None:
+    """An intent (``pi_…``) or a charge (``ch_…``) with its intent, charges
+    and events, as JSON-ready dicts; ``None`` when unknown."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        intent_id = some_id
+        if some_id.startswith("ch_"):
+            row = cur.execute("SELECT payment_intent_id FROM charges WHERE id = %s", (some_id,)).fetchone()
+            if row is None:
+                return None
+            intent_id = row["payment_intent_id"]
+        intent = cur.execute(Q["load_intent"], {"id": intent_id}).fetchone()
+        if intent is None:
+            return None
+        charges = cur.execute(Q["charges_of_intent"], {"id": intent_id}).fetchall()
+        events = cur.execute(Q["events_of_intent"], {"id": intent_id}).fetchall()
+    return {"payment_intent": intent_view(intent), "charges": [charge_view(c) for c in charges],
+            "events": [{"id": e["id"], "type": e["type"], "created": _iso(e["created_at"]),
+                        "expired": e["data"].get("expired")} for e in events]}

@@ -1,0 +1,69 @@
+"""Creating and confirming a payment, as the API and the CLI do it.
+
+``create_and_submit`` commits the intent, the charge and its poll job first
+(``money.create_payment``), and only then asks the rail to pay (``submit``).
+A process killed between the two leaves a pending charge with a poll job: the
+poll reads 404 from the rail and enqueues ``resubmit:<charge_id>``, which
+sends the same ``X-Reference-Id`` again (issue: the whole charge lifecycle).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from . import money, queue, testhooks
+from .rails.port import Rail, StatusKind, Submit, SubmitKind
+
+log = logging.getLogger("vpay.payments")
+
+
+def resubmit_delay(attempt: int) -> float:
+    """Seconds before re-sending an unconfirmed request-to-pay: 5, 10, 20,
+    40, then every 60 s while the prompt TTL runs."""
+    return float(min(5 * 2 ** max(attempt - 1, 0), 60))
+
+
+def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
+           description: str | None = None, *, schedule_resubmit: bool = True) -> Submit:
+    """Send the request-to-pay for ``charge`` and record what the rail said:
+    accepted → ``submitted_at``; rejected for good → the charge fails with the
+    rail's reason (one event); no answer → ``resubmit:<charge_id>`` is
+    enqueued (unless the caller is that job). Never raises for the rail's
+    answer."""
+    answer = rail.request_to_pay(money.charge_request(charge, description))
+    if answer.kind is SubmitKind.ACCEPTED:
+        testhooks.pause("after_rail_accepted")
+        money.mark_submitted(conn, charge["id"])
+    elif answer.kind is SubmitKind.REJECTED:
+        money.settle(conn, charge["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
+    elif schedule_resubmit:
+        queue.enqueue(conn, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]},
+                      delay=resubmit_delay(1))
+        log.warning("request-to-pay not confirmed; resubmit scheduled",
+                    extra={"charge_id": charge["id"], "reason": answer.reason,
+                           "http_status": answer.http_status})
+    return answer
+
+
+def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, merchant_id: str,
+                      amount: int, currency: str, rail: str, payer: str,
+                      description: str | None = None, prompt_ttl_seconds: int = 900) -> dict[str, Any]:
+    """Create (one transaction) then submit. Answers ``{"payment_intent",
+    "charge"}`` as merchant-facing JSON, read back after the submit. Raises
+    ``money.InvalidPayment`` on bad input (nothing written) and
+    ``RailError`` when the rail is not configured (checked before writing)."""
+    adapter = rail_for(rail) if rail in money.KNOWN_RAILS else None
+    with pool.connection() as conn:
+        created = money.create_payment(conn, merchant_id=merchant_id, amount=amount,
+                                       currency=currency, rail=rail, payer=payer,
+                                       description=description,
+                                       prompt_ttl_seconds=prompt_ttl_seconds)
+    testhooks.pause("after_charge_commit")
+    with pool.connection() as conn:
+        submit(conn, adapter, created.charge, description)
+        shown = money.show(conn, created.intent["id"])
+    return {"payment_intent": shown["payment_intent"], "charge": shown["charges"][0]}

@@ -1,0 +1,125 @@
+"""The durable job queue: every database operation on ``jobs`` in one place.
+
+Design page, "The job queue" and "Leases and crash recovery". Rules kept here:
+
+* ``claim`` takes one due, unleased row with ``FOR UPDATE SKIP LOCKED`` and
+  leases it: ``attempts + 1``, ``locked_by``, ``locked_at`` and a fresh
+  ``lease_token`` (the fencing token).
+* ``finish`` / ``reschedule`` / ``retry_failed`` / ``park`` end a lease and
+  match ``(id, locked_by, lease_token)``. One that matches nothing changes
+  nothing and answers ``False``: the caller counts it as **lost** (its lease
+  was reaped and maybe re-claimed while it ran).
+* ``reap_expired_leases`` is one conditional UPDATE that re-checks the lease
+  age inside the statement.
+
+All functions take a psycopg connection in autocommit mode (or inside a
+caller's transaction, for ``enqueue``). Times are seconds; every "now" is
+Postgres's ``now()``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from .queries import Q
+
+MAX_FAILURES = 5
+"""Consecutive claims without an Outcome (a raised exception, or a lease that
+expired because the process died) after which a job is dead-lettered."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A claimed job. ``attempts`` counts claims including this one;
+    ``failures`` the consecutive claims before this one that ended without
+    an outcome; ``lease_token`` fences every write that ends this lease."""
+
+    id: int
+    kind: str
+    dedupe_key: str
+    payload: dict[str, Any]
+    attempts: int
+    failures: int
+    lease_token: uuid.UUID
+    worker: str
+    run_at: datetime
+    created_at: datetime
+
+
+def enqueue(conn: psycopg.Connection, kind: str, dedupe_key: str,
+            payload: dict[str, Any] | None = None, delay: float = 0.0) -> bool:
+    """Insert a job due in ``delay`` seconds unless one with ``dedupe_key``
+    exists (``ON CONFLICT DO NOTHING``). Answers whether it inserted."""
+    row = conn.execute(Q["enqueue"], {"kind": kind, "dedupe_key": dedupe_key,
+                                      "payload": Jsonb(payload or {}), "delay": float(delay)}).fetchone()
+    return row is not None
+
+
+def claim(conn: psycopg.Connection, worker: str) -> Job | None:
+    """Lease one due job for ``worker``, or ``None`` when nothing is due."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["claim"], {"worker": worker}).fetchone()
+    if row is None:
+        return None
+    return Job(worker=worker, **row)
+
+
+def _fenced(job: Job) -> dict[str, Any]:
+    return {"id": job.id, "worker": job.worker, "token": job.lease_token}
+
+
+def finish(conn: psycopg.Connection, job: Job) -> bool:
+    """Delete the job; ``False`` (lost) when the lease is no longer ours."""
+    return conn.execute(Q["finish"], _fenced(job)).fetchone() is not None
+
+
+def reschedule(conn: psycopg.Connection, job: Job, delay: float, note: str | None = None) -> bool:
+    """Release the lease with ``run_at = now() + delay``; ends a failure streak."""
+    params = _fenced(job) | {"delay": float(delay), "note": note}
+    return conn.execute(Q["reschedule"], params).fetchone() is not None
+
+
+def retry_failed(conn: psycopg.Connection, job: Job, delay: float, error: str) -> bool:
+    """Release the lease after a handler raised: ``failures + 1``, the error
+    text in ``last_error``, due again in ``delay`` seconds."""
+    params = _fenced(job) | {"delay": float(delay), "error": error[:2000]}
+    return conn.execute(Q["retry_failed"], params).fetchone() is not None
+
+
+def park(conn: psycopg.Connection, job: Job, reason: str) -> bool:
+    """Dead-letter the job (``run_at = 'infinity'``, ``reason`` in
+    ``last_error``) and write a ``job_dead_lettered`` alert, in one statement."""
+    return conn.execute(Q["park"], _fenced(job) | {"reason": reason[:2000]}).fetchone() is not None
+
+
+def release(conn: psycopg.Connection, worker: str, tokens: Iterable[uuid.UUID]) -> int:
+    """Hand back the leases ``worker`` still holds under ``tokens`` (the
+    timed-out drain). The jobs keep their ``run_at`` and are claimable at
+    once. Answers how many were released."""
+    tokens = list(tokens)
+    if not tokens:
+        return 0
+    return len(conn.execute(Q["release"], {"worker": worker, "tokens": tokens}).fetchall())
+
+
+def reap_expired_leases(conn: psycopg.Connection, lease: float,
+                        max_failures: int = MAX_FAILURES) -> list[dict[str, Any]]:
+    """Free every lease older than ``lease`` seconds; a job whose leases keep
+    expiring is dead-lettered after ``max_failures`` with an alert. Answers
+    ``[{id, kind, dedupe_key, parked}]`` of the rows reaped."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["reap_expired_leases"],
+                           {"lease": float(lease), "max_failures": max_failures}).fetchall()
+
+
+def depth(conn: psycopg.Connection) -> dict[str, int]:
+    """``{due, leased, dead}``: the gauge's queue counts."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return dict(cur.execute(Q["depth"]).fetchone())

@@ -1,0 +1,588 @@
+"""MTN MoMo Collection adapter: the ``Rail`` port spoken over MoMo's HTTP API.
+
+Sources for every rule below:
+
+* MoMo Collection API (momodeveloper.mtn.com, product "Collection":
+  CreateAccessToken, RequesttoPay, RequesttoPayTransactionStatus), as
+  summarised in ``design/rails.md`` section "MTN MoMo, Collection product".
+* The design page, section "Callbacks are hints": a callback yields
+  identifiers only; only the authenticated status query moves money.
+
+Shape of the adapter:
+
+* ``request_to_pay`` and ``status`` never raise for anything the rail (or the
+  network) does: every answer becomes a ``Submit`` / ``RailStatus`` value, and
+  anything we cannot read is ``NO_ANSWER``, never a decline.
+* Every HTTP exchange has explicit (connect, read) timeouts and at most
+  ``MAX_ATTEMPTS`` attempts, so one call is bounded in time (see
+  ``MtnMomo.__init__``).
+* Credentials and the access token live only in private attributes and in
+  request headers; they are never logged and never put in an exception or a
+  ``detail`` text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from typing import Any, Callable, Mapping
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import requests
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_chain,
+    wait_fixed,
+)
+
+from vpay.rails.port import (
+    CallbackIds,
+    ChargeRequest,
+    MalformedCallback,
+    RailError,
+    RailStatus,
+    StatusKind,
+    Submit,
+    SubmitKind,
+)
+
+from ..currency import minor_to_major_string  # noqa: E402  (re-exported for callers)
+
+log = logging.getLogger("vpay.rails.mtn")
+
+# Amounts: minor units to MoMo's decimal string live in vpay.currency (one table
+# of ISO 4217 exponents for the whole project).
+
+
+# --- Rail vocabulary -------------------------------------------------------
+
+# Request-to-pay error codes that mean "refused for good": resending the same
+# request cannot succeed. Any other error is NO_ANSWER (we do not know).
+REJECTING_CODES = frozenset({
+    "INVALID_CURRENCY",
+    "NOT_ALLOWED",
+    "PAYEE_NOT_ALLOWED_TO_RECEIVE",
+    "NOT_ALLOWED_TARGET_ENVIRONMENT",
+    "INVALID_CALLBACK_URL_HOST",
+    "PAYER_NOT_FOUND",
+})
+
+# FAILED reasons that are not final in spirit (design/rails.md): the payer may
+# still approve, so we keep polling instead of settling the charge as failed.
+NOT_FINAL_FAILURE_REASONS = frozenset({"ONGOING", "PAYER_DELAYED"})
+
+MESSAGE_MAX_CHARS = 160         # payerMessage / payeeNote limit (MoMo)
+_HINT_MAX_CHARS = 128           # identifiers copied from a callback body, for logs
+_CODE_MAX_CHARS = 64            # error/reason codes copied from a rail body
+
+# Transport retries inside one call: attempts, waits between them (seconds),
+# and a budget after which no new attempt starts (seconds).
+MAX_ATTEMPTS = 3
+RETRY_WAITS = (0.2, 0.5)
+RETRY_BUDGET_SECONDS = 15.0
+_RETRIED_HTTP_STATUSES = frozenset({502, 503, 504})
+
+# A cached token is dropped this many seconds before MoMo says it expires, so
+# that a request sent just before expiry does not arrive with a dead token.
+TOKEN_SAFETY_MARGIN_SECONDS = 60.0
+
+# Our references are UUIDv4 strings in canonical 8-4-4-4-12 form.
+_UUID_RE = re.compile(
+    r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE
+)
+
+_ENV_BASE_URL = "VPAY_MTN_BASE_URL"
+_ENV_SUBSCRIPTION_KEY = "VPAY_MTN_SUBSCRIPTION_KEY"
+_ENV_API_USER = "VPAY_MTN_API_USER"
+_ENV_API_KEY = "VPAY_MTN_API_KEY"
+_ENV_TARGET_ENVIRONMENT = "VPAY_MTN_TARGET_ENVIRONMENT"
+_ENV_CALLBACK_URL = "VPAY_MTN_CALLBACK_URL"
+
+
+class _NoAnswer(Exception):
+    """Internal: the exchange gave nothing we can act on. Carries only short,
+    credential-free texts; turned into a NO_ANSWER value before leaving the
+    adapter."""
+
+    def __init__(self, reason: str, detail: str, http_status: int | None = None):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.http_status = http_status
+
+
+class MtnMomo:
+    """The MTN MoMo Collection rail (``code = "mtn"``), implementing ``Rail``.
+
+    One instance is shared by the worker's threads: the access-token cache is
+    guarded by a lock, and ``requests.Session`` is used only for its
+    thread-safe connection pool.
+    """
+
+    code = "mtn"
+
+    def __init__(
+        self,
+        base_url: str,
+        subscription_key: str,
+        api_user: str,
+        api_key: str,
+        target_environment: str = "sandbox",
+        callback_url: str | None = None,
+        connect_timeout: float = 3.05,
+        read_timeout: float = 10.0,
+        session: requests.Session | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """Build the adapter from explicit settings.
+
+        ``base_url`` is the MoMo API root (``https://sandbox.momodeveloper.mtn.com``,
+        or the sandbox rail's URL); ``subscription_key``, ``api_user`` and
+        ``api_key`` are the MoMo credentials; ``target_environment`` is sent as
+        ``X-Target-Environment``; ``callback_url`` (optional) is our public
+        callback route, sent as ``X-Callback-Url`` with ``ref=<rail_reference>``
+        appended. Timeouts are in seconds and apply to every request.
+
+        Time bound of one call: each HTTP exchange makes at most
+        ``MAX_ATTEMPTS`` attempts, each bounded by the two timeouts, with
+        ``RETRY_WAITS`` between them, and starts no new attempt once
+        ``RETRY_BUDGET_SECONDS`` have passed; a call makes at most two
+        exchanges (token, then the operation).
+
+        ``clock`` (monotonic seconds) and ``sleep`` exist for tests: the token
+        cache reads ``clock``; retry waits go through ``sleep``.
+
+        Raises ``RailError`` when the base URL or a credential is empty (the
+        message names the parameter, never its value).
+        """
+        required = {
+            "base_url": base_url,
+            "subscription_key": subscription_key,
+            "api_user": api_user,
+            "api_key": api_key,
+            "target_environment": target_environment,
+        }
+        missing = [name for name, value in required.items() if not value]
+        if missing:
+            raise RailError(f"MTN MoMo adapter: missing setting(s): {', '.join(missing)}")
+        if urlsplit(base_url).scheme not in ("http", "https"):
+            raise RailError("MTN MoMo adapter: base_url must be an http(s) URL")
+
+        self.base_url = base_url.rstrip("/")
+        self.target_environment = target_environment
+        self.callback_url = callback_url or None
+        self.timeout = (connect_timeout, read_timeout)
+        self._subscription_key = subscription_key
+        self._basic_auth = "Basic " + base64.b64encode(
+            f"{api_user}:{api_key}".encode()
+        ).decode("ascii")
+        self._session = session or requests.Session()
+        self._clock = clock
+        self._sleep = sleep
+        self._token_lock = threading.Lock()
+        self._token: tuple[str, float] | None = None  # (access_token, expires_at per clock)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, **kwargs: Any) -> "MtnMomo":
+        """Build the adapter from the environment (design/contract.md, "Configuration").
+
+        Reads ``VPAY_MTN_BASE_URL``, ``VPAY_MTN_SUBSCRIPTION_KEY``,
+        ``VPAY_MTN_API_USER``, ``VPAY_MTN_API_KEY`` (all required),
+        ``VPAY_MTN_TARGET_ENVIRONMENT`` (default ``sandbox``) and
+        ``VPAY_MTN_CALLBACK_URL`` (optional). ``kwargs`` go to the constructor
+        (timeouts, session, clock, sleep).
+
+        Raises ``RailError`` naming every missing or empty required variable
+        (names only, never values).
+        """
+        names = (_ENV_BASE_URL, _ENV_SUBSCRIPTION_KEY, _ENV_API_USER, _ENV_API_KEY)
+        missing = [name for name in names if not environ.get(name)]
+        if missing:
+            raise RailError(
+                "MTN MoMo adapter: missing environment variable(s): " + ", ".join(missing)
+            )
+        return cls(
+            base_url=environ[_ENV_BASE_URL],
+            subscription_key=environ[_ENV_SUBSCRIPTION_KEY],
+            api_user=environ[_ENV_API_USER],
+            api_key=environ[_ENV_API_KEY],
+            target_environment=environ.get(_ENV_TARGET_ENVIRONMENT) or "sandbox",
+            callback_url=environ.get(_ENV_CALLBACK_URL) or None,
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        # Deliberately omits every credential.
+        return f"MtnMomo(base_url={self.base_url!r}, target_environment={self.target_environment!r})"
+
+    # --- Rail: request-to-pay ----------------------------------------------
+
+    def request_to_pay(self, charge: ChargeRequest) -> Submit:
+        """Ask the payer to pay: ``POST {base}/collection/v1_0/requesttopay``.
+
+        ``charge.rail_reference`` is sent as ``X-Reference-Id`` (it becomes
+        MoMo's resource id), so a resend of the same charge is idempotent:
+        MoMo answers 409 ``RESOURCE_ALREADY_EXIST``, read as ACCEPTED.
+
+        Mapping (MoMo Collection API, RequesttoPay; design/rails.md):
+
+        * 202 → ACCEPTED; 409 → ACCEPTED (reason ``RESOURCE_ALREADY_EXIST``).
+        * 400 or 500 whose body code is in ``REJECTING_CODES`` → REJECTED with
+          that code; any other 400 → REJECTED with its code (or
+          ``BAD_REQUEST``): MoMo refused the request itself, resending it
+          unchanged cannot help.
+        * 401 (token dropped), other 5xx, other statuses, timeouts, connection
+          errors → NO_ANSWER with a short reason.
+
+        Never raises for the rail's answers. Raises ``TypeError`` /
+        ``ValueError`` only for an invalid ``charge.amount`` (our bug, found
+        before anything is sent).
+        """
+        body = self._request_to_pay_body(charge)
+        try:
+            token = self._access_token()
+            response = self._exchange(
+                "POST",
+                f"{self.base_url}/collection/v1_0/requesttopay",
+                headers=self._request_to_pay_headers(token, charge.rail_reference),
+                json_body=body,
+            )
+        except _NoAnswer as no:
+            self._log_no_answer("request_to_pay", charge, no)
+            return Submit(SubmitKind.NO_ANSWER, reason=no.reason, http_status=no.http_status)
+
+        submit = self._submit_from_response(response, token)
+        log.info(
+            "mtn request_to_pay charge=%s reference=%s -> %s (http %s, reason %s)",
+            charge.charge_id, charge.rail_reference, submit.kind.value,
+            submit.http_status, submit.reason,
+        )
+        return submit
+
+    def _request_to_pay_body(self, charge: ChargeRequest) -> dict[str, Any]:
+        payer_message = charge.description or f"Payment {charge.charge_id}"
+        return {
+            "amount": minor_to_major_string(charge.amount, charge.currency),
+            "currency": charge.currency,
+            "externalId": charge.charge_id,
+            "payer": {"partyIdType": "MSISDN", "partyId": charge.payer},
+            "payerMessage": payer_message[:MESSAGE_MAX_CHARS],
+            "payeeNote": charge.charge_id[:MESSAGE_MAX_CHARS],
+        }
+
+    def _request_to_pay_headers(self, token: str, reference: str) -> dict[str, str]:
+        headers = self._api_headers(token)
+        headers["X-Reference-Id"] = reference
+        if self.callback_url:
+            # MoMo's callback body carries no reference id: the URL must.
+            headers["X-Callback-Url"] = callback_url_with_reference(self.callback_url, reference)
+        return headers
+
+    def _submit_from_response(self, response: requests.Response, token: str) -> Submit:
+        http = response.status_code
+        code = _error_code(response)
+        if http == 202:
+            return Submit(SubmitKind.ACCEPTED, http_status=http)
+        if http == 409:
+            # Our reference already exists at MoMo: an earlier send got there.
+            return Submit(SubmitKind.ACCEPTED, reason=code or "RESOURCE_ALREADY_EXIST", http_status=http)
+        if http in (400, 500) and code in REJECTING_CODES:
+            return Submit(SubmitKind.REJECTED, reason=code, http_status=http)
+        if http == 400:
+            return Submit(SubmitKind.REJECTED, reason=code or "BAD_REQUEST", http_status=http)
+        if http == 401:
+            self._drop_token(token)
+            return Submit(SubmitKind.NO_ANSWER, reason=code or "UNAUTHORIZED", http_status=http)
+        return Submit(SubmitKind.NO_ANSWER, reason=code or f"HTTP_{http}", http_status=http)
+
+    # --- Rail: status ------------------------------------------------------
+
+    def status(self, charge: ChargeRequest) -> RailStatus:
+        """The authenticated status query:
+        ``GET {base}/collection/v1_0/requesttopay/{rail_reference}``.
+
+        Mapping (MoMo Collection API, RequesttoPayTransactionStatus;
+        design/rails.md):
+
+        * 200 ``PENDING`` → PENDING; ``SUCCESSFUL`` → SUCCEEDED with
+          ``financialTransactionId``; ``FAILED`` → FAILED with ``reason``,
+          except reasons ``ONGOING`` and ``PAYER_DELAYED`` → PENDING (not final
+          in spirit). ``reason`` may be ``"CODE"`` or ``{"code", "message"}``;
+          both become the code string.
+        * 404 → NOT_FOUND.
+        * 401 (token dropped), 5xx, other statuses, timeouts, connection
+          errors, a non-JSON 200 or one without a known ``status`` →
+          NO_ANSWER with a short credential-free ``detail``.
+
+        Never raises for the rail's answers.
+        """
+        url = f"{self.base_url}/collection/v1_0/requesttopay/{quote(charge.rail_reference, safe='')}"
+        try:
+            token = self._access_token()
+            response = self._exchange("GET", url, headers=self._api_headers(token))
+        except _NoAnswer as no:
+            self._log_no_answer("status", charge, no)
+            return RailStatus(StatusKind.NO_ANSWER, reason=no.reason,
+                              http_status=no.http_status, detail=no.detail)
+
+        result = self._status_from_response(response, token)
+        log.info(
+            "mtn status charge=%s reference=%s -> %s (http %s, reason %s)",
+            charge.charge_id, charge.rail_reference, result.kind.value,
+            result.http_status, result.reason,
+        )
+        return result
+
+    def _status_from_response(self, response: requests.Response, token: str) -> RailStatus:
+        http = response.status_code
+        if http == 200:
+            return _status_from_body(response.content)
+        code = _error_code(response)
+        if http == 404:
+            return RailStatus(StatusKind.NOT_FOUND, reason=code or "RESOURCE_NOT_FOUND", http_status=http)
+        if http == 401:
+            self._drop_token(token)
+            return RailStatus(StatusKind.NO_ANSWER, reason=code or "UNAUTHORIZED",
+                              http_status=http, detail="HTTP 401: access token refused, dropped")
+        return RailStatus(StatusKind.NO_ANSWER, reason=code, http_status=http,
+                          detail=f"HTTP {http} from status query")
+
+    # --- Rail: callback ----------------------------------------------------
+
+    def parse_callback(self, query: Mapping[str, str], body: bytes) -> CallbackIds:
+        """Extract identifiers from a MoMo callback; never its status.
+
+        ``query`` is the callback URL's query string as a mapping: ``ref`` is
+        the ``rail_reference`` we appended to ``X-Callback-Url`` (MoMo's body
+        carries no reference id) and must be a UUID in canonical form; it is
+        returned lower-cased, as ``uuid.uuid4()`` writes it. ``body`` is the
+        raw request body (bytes): MoMo's status body as JSON, possibly empty.
+        Its ``externalId`` and ``financialTransactionId`` (strings only,
+        truncated) go to ``hints`` for logs. ``status``, ``reason`` and
+        ``amount`` are never read: a callback is a hint (design page,
+        "Callbacks are hints").
+
+        Raises ``MalformedCallback`` when ``ref`` is missing or not a UUID, or
+        when a non-empty body is not a JSON object.
+        """
+        reference = query.get("ref")
+        if not isinstance(reference, str) or not reference:
+            raise MalformedCallback("callback query has no ref parameter")
+        reference = reference.strip()
+        if not _UUID_RE.match(reference):
+            raise MalformedCallback("callback ref is not a UUID")
+        return CallbackIds(rail_reference=reference.lower(), hints=_callback_hints(body))
+
+    # --- Token -------------------------------------------------------------
+
+    def _access_token(self) -> str:
+        """A valid bearer token, from the cache or ``POST {base}/collection/token/``.
+
+        The lock is held during the fetch on purpose: threads that find the
+        cache empty wait for one fetch instead of each making their own.
+        """
+        with self._token_lock:
+            now = self._clock()
+            if self._token is not None and now < self._token[1]:
+                return self._token[0]
+            token, lifetime = self._fetch_token()
+            margin = min(TOKEN_SAFETY_MARGIN_SECONDS, lifetime / 2)
+            self._token = (token, now + lifetime - margin)
+            return token
+
+    def _fetch_token(self) -> tuple[str, float]:
+        """``(access_token, expires_in seconds)``; raises ``_NoAnswer``."""
+        response = self._exchange(
+            "POST",
+            f"{self.base_url}/collection/token/",
+            headers={
+                "Authorization": self._basic_auth,
+                "Ocp-Apim-Subscription-Key": self._subscription_key,
+            },
+        )
+        if response.status_code != 200:
+            if response.status_code == 401:
+                log.warning("mtn token endpoint refused our credentials (HTTP 401)")
+            raise _NoAnswer(
+                reason=_error_code(response) or f"TOKEN_HTTP_{response.status_code}",
+                detail=f"token endpoint answered HTTP {response.status_code}",
+                http_status=response.status_code,
+            )
+        payload = _json_object(response.content)
+        token = payload.get("access_token") if payload else None
+        if not isinstance(token, str) or not token:
+            raise _NoAnswer(reason="TOKEN_MALFORMED", detail="token endpoint body has no access_token",
+                            http_status=200)
+        return token, _lifetime_seconds(payload.get("expires_in"))
+
+    def _drop_token(self, token: str) -> None:
+        """Forget ``token`` after a 401, so the next call fetches a new one.
+        Only that token: another thread may already have replaced it."""
+        with self._token_lock:
+            if self._token is not None and self._token[0] == token:
+                self._token = None
+        log.warning("mtn access token refused (HTTP 401); dropped, the next call fetches a new one")
+
+    # --- Transport ---------------------------------------------------------
+
+    def _api_headers(self, token: str) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {token}",
+            "X-Target-Environment": self.target_environment,
+            "Ocp-Apim-Subscription-Key": self._subscription_key,
+        }
+
+    def _exchange(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        json_body: Any = None,
+    ) -> requests.Response:
+        """One HTTP exchange with bounded transport retries.
+
+        Retries connection errors, timeouts and HTTP 502/503/504 only; any
+        other answer is returned at once. Retrying a POST is safe here: the
+        token call has no effect, and request-to-pay is idempotent by
+        ``X-Reference-Id`` (a duplicate gets 409). Returns the last response
+        (possibly a 503); raises ``_NoAnswer`` when no response came.
+        """
+        retrying = Retrying(
+            retry=(
+                retry_if_exception_type((requests.ConnectionError, requests.Timeout))
+                | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES)
+            ),
+            stop=stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS),
+            wait=wait_chain(*(wait_fixed(w) for w in RETRY_WAITS)),
+            sleep=self._sleep,
+            # Out of attempts: hand back the last response, or re-raise the
+            # last transport error, instead of tenacity's RetryError.
+            retry_error_callback=lambda state: state.outcome.result(),
+        )
+        try:
+            return retrying(
+                self._session.request, method, url,
+                headers=dict(headers), json=json_body, timeout=self.timeout,
+            )
+        except requests.Timeout as exc:
+            # Only the class name: exception texts can carry URLs.
+            raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__}) after retries") from None
+        except requests.RequestException as exc:
+            raise _NoAnswer("CONNECTION_ERROR", f"{type(exc).__name__} after retries") from None
+
+    def _log_no_answer(self, operation: str, charge: ChargeRequest, no: _NoAnswer) -> None:
+        log.warning(
+            "mtn %s charge=%s reference=%s -> no answer: %s (reason %s)",
+            operation, charge.charge_id, charge.rail_reference, no.detail, no.reason,
+        )
+
+
+# --- Helpers (pure) ----------------------------------------------------------
+
+
+def callback_url_with_reference(callback_url: str, reference: str) -> str:
+    """``callback_url`` with ``ref=<reference>`` added to its query string.
+
+    Existing query parameters are kept, except an existing ``ref`` which is
+    replaced: the reference must be ours. MoMo's callback body carries no
+    reference id (design/rails.md, "Callback"), so this is how
+    ``parse_callback`` finds the charge.
+    """
+    parts = urlsplit(callback_url)
+    params = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "ref"]
+    params.append(("ref", reference))
+    return urlunsplit(parts._replace(query=urlencode(params)))
+
+
+def _status_from_body(content: bytes) -> RailStatus:
+    """Map a 200 status body to a ``RailStatus`` (see ``MtnMomo.status``)."""
+    body = _json_object(content)
+    if body is None:
+        return RailStatus(StatusKind.NO_ANSWER, http_status=200, detail="status body is not a JSON object")
+    status = body.get("status")
+    reason = _reason_code(body.get("reason"))
+    if status == "PENDING":
+        return RailStatus(StatusKind.PENDING, reason=reason, http_status=200)
+    if status == "SUCCESSFUL":
+        return RailStatus(StatusKind.SUCCEEDED, http_status=200,
+                          financial_transaction_id=_short_id(body.get("financialTransactionId")))
+    if status == "FAILED":
+        if reason in NOT_FINAL_FAILURE_REASONS:
+            return RailStatus(StatusKind.PENDING, reason=reason, http_status=200,
+                              detail=f"FAILED/{reason} is not final; keep polling")
+        return RailStatus(StatusKind.FAILED, reason=reason, http_status=200)
+    shown = status[:_CODE_MAX_CHARS] if isinstance(status, str) else type(status).__name__
+    return RailStatus(StatusKind.NO_ANSWER, http_status=200, detail=f"status body has no known status ({shown})")
+
+
+def _reason_code(reason: Any) -> str | None:
+    """MoMo's ``reason`` as a code string: ``"CODE"`` or ``{"code": "CODE", ...}``."""
+    if isinstance(reason, dict):
+        reason = reason.get("code")
+    if isinstance(reason, str) and reason.strip():
+        return reason.strip()[:_CODE_MAX_CHARS]
+    return None
+
+
+def _error_code(response: requests.Response) -> str | None:
+    """The ``code`` of a MoMo error body ``{code, message}``, when there is one."""
+    body = _json_object(response.content)
+    return _reason_code(body.get("code")) if body else None
+
+
+def _json_object(content: bytes) -> dict[str, Any] | None:
+    """``content`` parsed as a JSON object, or None if it is not one."""
+    try:
+        value = json.loads(content)
+    except ValueError:  # includes JSONDecodeError and UnicodeDecodeError
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _lifetime_seconds(expires_in: Any) -> float:
+    """A token's ``expires_in`` (seconds) as a float; 0 (use once, do not
+    cache) when missing or not a positive finite number."""
+    try:
+        lifetime = float(expires_in)
+    except (TypeError, ValueError):
+        return 0.0
+    return lifetime if math.isfinite(lifetime) and lifetime > 0 else 0.0
+
+
+def _short_id(value: Any) -> str | None:
+    if isinstance(value, str) and value:
+        return value[:_HINT_MAX_CHARS]
+    return None
+
+
+def _callback_hints(body: bytes) -> dict[str, str]:
+    """Identifiers from a callback body, for logs; never the status."""
+    if isinstance(body, str):
+        body = body.encode()
+    if not bytes(body).strip():
+        return {}
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        raise MalformedCallback("callback body is not JSON") from None
+    if not isinstance(payload, dict):
+        raise MalformedCallback("callback body is not a JSON object")
+    hints = {}
+    for key in ("externalId", "financialTransactionId"):
+        value = _short_id(payload.get(key))
+        if value is not None:
+            hints[key] = value
+    return hints

@@ -1,0 +1,130 @@
+"""The rail port: the one interface every mobile-money rail adapter implements.
+
+The design page ("Callbacks are hints") fixes two rules that this module's
+types enforce:
+
+* Only an authenticated status query moves money. ``Rail.status`` is the only
+  method whose answer can carry a terminal outcome.
+* A callback carries identifiers only. ``CallbackIds`` has no field that could
+  hold a status, so no caller of ``parse_callback`` can act on one.
+
+Amounts are integers in the currency's minor unit throughout.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+
+class RailError(Exception):
+    """A rail adapter could not be built or called as configured (missing base
+    URL or credentials). Never raised for a rail's own answers: those are
+    ``RailStatus`` / ``Submit`` values."""
+
+
+class MalformedCallback(ValueError):
+    """``parse_callback`` was given a body or query it cannot read. The route
+    answers 400 and writes nothing."""
+
+
+@dataclass(frozen=True)
+class ChargeRequest:
+    """What a rail needs to ask a payer to pay, or to ask how that went.
+
+    ``charge_id`` is ours (``ch_…``); ``rail_reference`` is the UUIDv4 we
+    chose and send as MoMo's ``X-Reference-Id`` (it becomes the rail's resource
+    id). ``amount`` is in minor units; ``payer`` is an MSISDN (digits only,
+    international form, no ``+``).
+    """
+
+    charge_id: str
+    rail_reference: str
+    amount: int
+    currency: str
+    payer: str
+    description: str = ""
+
+
+class SubmitKind(enum.Enum):
+    ACCEPTED = "accepted"          # the rail holds the request (MoMo 202, or 409 on a resend)
+    REJECTED = "rejected"          # the rail refused it for good (bad currency, payer not allowed, ...)
+    NO_ANSWER = "no_answer"        # timeout, connection refused, 5xx, 401: we do not know
+
+
+@dataclass(frozen=True)
+class Submit:
+    """The answer to a request-to-pay. ``reason`` is the rail's code when it
+    gave one (``INVALID_CURRENCY``, ``SERVICE_UNAVAILABLE``, ...)."""
+
+    kind: SubmitKind
+    reason: str | None = None
+    http_status: int | None = None
+
+
+class StatusKind(enum.Enum):
+    PENDING = "pending"            # the payer has not decided (MoMo PENDING, or FAILED/ONGOING, FAILED/PAYER_DELAYED)
+    SUCCEEDED = "succeeded"        # money moved (MoMo SUCCESSFUL)
+    FAILED = "failed"              # the payment ended without money moving; ``reason`` says why
+    NOT_FOUND = "not_found"        # the rail does not know the reference (MoMo 404 RESOURCE_NOT_FOUND)
+    NO_ANSWER = "no_answer"        # 5xx, timeout, connection refused, 401, malformed body: never a decline
+
+
+TERMINAL = frozenset({StatusKind.SUCCEEDED, StatusKind.FAILED})
+
+
+@dataclass(frozen=True)
+class RailStatus:
+    """The answer to an authenticated status query.
+
+    ``reason`` is the rail's reason code (a plain string: MoMo's ``reason``
+    normalised from either its string or its ``{code, message}`` shape).
+    ``financial_transaction_id`` is the rail's id for a moved payment, when
+    given. ``detail`` is a short human text for logs (never a credential).
+    """
+
+    kind: StatusKind
+    reason: str | None = None
+    financial_transaction_id: str | None = None
+    http_status: int | None = None
+    detail: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.kind in TERMINAL
+
+
+@dataclass(frozen=True)
+class CallbackIds:
+    """Identifiers extracted from a rail callback, and nothing else: no
+    status, no amount. ``rail_reference`` is the reference we put in the
+    callback URL we gave the rail; ``hints`` holds other identifiers the body
+    carried (e.g. ``externalId``, Orange's ``notif_token``), for logs only."""
+
+    rail_reference: str
+    hints: Mapping[str, str] = field(default_factory=dict)
+
+
+class Rail(Protocol):
+    """One mobile-money rail. Adapters live one per file in ``vpay/rails/``.
+
+    Implementations must never raise for a rail's answer (timeouts, 5xx and
+    malformed bodies are ``NO_ANSWER``), must bound the time one call can
+    take (explicit connect/read timeouts, bounded transport retries), and must
+    never put a credential in a log line or an exception text.
+    """
+
+    code: str  # "mtn", "orange": the {code} of /provider/{code}/callback and charges.rail
+
+    def request_to_pay(self, charge: ChargeRequest) -> Submit:
+        """Ask the payer to pay. Safe to repeat with the same ``rail_reference``."""
+        ...
+
+    def status(self, charge: ChargeRequest) -> RailStatus:
+        """The authenticated status query: the only thing that moves money."""
+        ...
+
+    def parse_callback(self, query: Mapping[str, str], body: bytes) -> CallbackIds:
+        """Identifiers only. Raises ``MalformedCallback`` on an unreadable input."""
+        ...
