@@ -31,9 +31,15 @@ CREATE INDEX jobs_claimable ON jobs (run_at)
 CREATE INDEX jobs_leased ON jobs (locked_at) WHERE locked_at IS NOT NULL;
 CREATE INDEX jobs_dead ON jobs (id) WHERE run_at = 'infinity';
 
+CREATE TABLE merchants (
+    id          text        PRIMARY KEY CHECK (id ~ '^[A-Za-z0-9_.-]{1,64}$'),
+    name        text        NOT NULL DEFAULT '',
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
 CREATE TABLE payment_intents (
     id          text        PRIMARY KEY CHECK (id ~ '^pi_[A-Za-z0-9]+$'),
-    merchant_id text        NOT NULL CHECK (merchant_id <> ''),
+    merchant_id text        NOT NULL REFERENCES merchants (id),
     amount      bigint      NOT NULL CHECK (amount > 0),
     currency    text        NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
     status      text        NOT NULL CHECK (status IN ('requires_confirmation', 'processing',
@@ -85,7 +91,7 @@ CREATE INDEX events_intent ON events (payment_intent_id, created_at);
 
 CREATE TABLE webhook_endpoints (
     id          text        PRIMARY KEY CHECK (id ~ '^we_[A-Za-z0-9]+$'),
-    merchant_id text        NOT NULL CHECK (merchant_id <> ''),
+    merchant_id text        NOT NULL REFERENCES merchants (id),
     url         text        NOT NULL CHECK (url ~ '^https?://'),
     secret      text        NOT NULL CHECK (secret ~ '^whsec_'),
     enabled     boolean     NOT NULL DEFAULT true,

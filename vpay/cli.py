@@ -108,11 +108,99 @@ def worker(worker_concurrency: int, shutdown_grace_seconds: float, lease_seconds
     sys.exit(drain.value)
 
 
+
+@main.group()
+def payments() -> None:
+    """Start and inspect payments from a shell (JSON out)."""
+
+
+@payments.command("create")
+@click.option("--merchant", required=True, help="Merchant id.")
+@click.option("--amount", required=True, type=int, help="Amount in minor units (e.g. 1050 = 10.50 EUR).")
+@click.option("--currency", required=True, help="ISO 4217 code, e.g. EUR, XAF, UGX.")
+@click.option("--rail", default="mtn", show_default=True, help="Rail code.")
+@click.option("--payer", required=True, help="Payer MSISDN, international form, digits only.")
+@click.option("--description", default=None, help="Shown to the payer (at most 160 characters).")
+def payments_create(merchant, amount, currency, rail, payer, description) -> None:
+    """Create and confirm a payment as the API would; print {payment_intent, charge}."""
+    from .db import make_pool
+    from .money import InvalidPayment
+    from .payments import create_and_submit
+    from .rails import build_rail
+    from .rails.port import RailError
+    from .settings import ConfigError, Settings
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        _refuse(str(exc))
+    url, _ = _open_db()
+    pool = make_pool(url, max_size=2)
+    try:
+        result = create_and_submit(pool, build_rail, merchant_id=merchant, amount=amount,
+                                   currency=currency, rail=rail, payer=payer,
+                                   description=description,
+                                   prompt_ttl_seconds=settings.prompt_ttl_seconds)
+    except InvalidPayment as exc:
+        raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
+    except RailError as exc:
+        _refuse(str(exc))
+    finally:
+        pool.close()
+    click.echo(json.dumps(result, indent=2))
+
+
+@payments.command("show")
+@click.argument("some_id")
+def payments_show(some_id: str) -> None:
+    """An intent (pi_...) or a charge (ch_...) with its events, as JSON."""
+    from .db import connect
+    from .money import show
+    url, _ = _open_db()
+    with connect(url) as conn:
+        found = show(conn, some_id)
+    if found is None:
+        click.echo(f"vpay: no payment intent or charge {some_id!r}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(found, indent=2))
+
+
+@main.command("sandbox-rail")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8090, show_default=True, type=int)
+@click.option("--success-after-seconds", default=3.0, show_default=True, type=float,
+              help="Payers outside MTN's failure numbers succeed this long after the request-to-pay.")
+def sandbox_rail(host: str, port: int, success_after_seconds: float) -> None:
+    """A local HTTP server speaking the MTN MoMo Collection API (demos and tests).
+
+    Credentials it accepts are those of VPAY_MTN_SUBSCRIPTION_KEY, VPAY_MTN_API_USER,
+    VPAY_MTN_API_KEY (defaults: the sandbox's own)."""
+    import signal as _signal
+    from .rails.sandbox import SandboxRail
+    kwargs = {k: v for k, v in {
+        "subscription_key": os.environ.get("VPAY_MTN_SUBSCRIPTION_KEY"),
+        "api_user": os.environ.get("VPAY_MTN_API_USER"),
+        "api_key": os.environ.get("VPAY_MTN_API_KEY"),
+    }.items() if v}
+    rail = SandboxRail(host, port, success_after_seconds=success_after_seconds, **kwargs)
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    _signal.signal(_signal.SIGTERM, _stop)
+    log.info("sandbox rail listening", extra={"url": rail.url})
+    click.echo(json.dumps({"url": rail.url}), err=True)
+    try:
+        rail.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        rail.stop()
+
+
 def worker_main() -> None:
     """Entry point of ``vpay-worker``: ``vpay-server worker`` under its own name."""
     logs.setup(os.environ.get("VPAY_LOG_LEVEL", "INFO").upper())
     worker.main(prog_name="vpay-worker")
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
+# Feature command groups register themselves here, one line each.

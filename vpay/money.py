@@ -115,22 +115,27 @@ def create_payment(conn: psycopg.Connection, *, merchant_id: str, amount: int, c
     event. The rail is asked to pay only after this commits (``submit``), so
     every kill point leaves the poll job behind (design page, "The job queue").
 
-    Raises ``InvalidPayment`` before writing anything on bad input.
+    Raises ``InvalidPayment`` on bad input or an unknown merchant; nothing
+    is written then.
     """
     merchant_id, amount, currency, rail, payer = validate(merchant_id, amount, currency, rail, payer)
     if description is not None and (not isinstance(description, str) or len(description) > 160):
         raise InvalidPayment("description", "description must be text of at most 160 characters")
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        intent = cur.execute(Q["insert_intent"], {
-            "id": new_id("pi"), "merchant_id": merchant_id, "amount": amount, "currency": currency,
-            "ttl": prompt_ttl_seconds, "description": description}).fetchone()
-        charge = cur.execute(Q["insert_charge"], {
-            "id": new_id("ch"), "payment_intent_id": intent["id"], "rail": rail,
-            "rail_reference": new_rail_reference(), "payer": payer, "amount": amount,
-            "currency": currency}).fetchone()
-        queue.enqueue(conn, "poll", f"poll:{charge['id']}", {"charge_id": charge["id"]},
-                      delay=FIRST_POLL_SECONDS)
-        emit_event(conn, "payment_intent.processing", intent, charge, {"expired": False})
+    try:
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            intent = cur.execute(Q["insert_intent"], {
+                "id": new_id("pi"), "merchant_id": merchant_id, "amount": amount,
+                "currency": currency, "ttl": prompt_ttl_seconds,
+                "description": description}).fetchone()
+            charge = cur.execute(Q["insert_charge"], {
+                "id": new_id("ch"), "payment_intent_id": intent["id"], "rail": rail,
+                "rail_reference": new_rail_reference(), "payer": payer, "amount": amount,
+                "currency": currency}).fetchone()
+            queue.enqueue(conn, "poll", f"poll:{charge['id']}", {"charge_id": charge["id"]},
+                          delay=FIRST_POLL_SECONDS)
+            emit_event(conn, "payment_intent.processing", intent, charge, {"expired": False})
+    except psycopg.errors.ForeignKeyViolation:
+        raise InvalidPayment("merchant", f"unknown merchant {merchant_id!r}") from None
     log.info("payment created", extra={"payment_intent": intent["id"], "charge_id": charge["id"],
                                        "rail": rail, "amount": amount, "currency": currency})
     return Created(intent=intent, charge=charge)

@@ -1,0 +1,185 @@
+"""The worker loop and the worker command, against a real Postgres."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from support import base_env, script, wait_until
+from vpay import handlers, queue
+from vpay.loop import Worker, WorkerConfig
+from vpay.signals import ShutdownSignals
+
+
+def _worker(pool, wid="w1", concurrency=1) -> Worker:
+    ctx = handlers.Context(pool=pool, worker_id=wid)
+    return Worker(pool, ctx, WorkerConfig(worker_id=wid, concurrency=concurrency), ShutdownSignals())
+
+
+@pytest.fixture
+def test_handlers(monkeypatch):
+    from vpay.handlers import testing  # noqa: F401 (registers the test.* kinds)
+    yield
+
+
+def test_handler_exception_is_retried_with_its_text_kept(db, pool, test_handlers):
+    queue.enqueue(db, "test.raise", "r")
+    w = _worker(pool)
+    w._run(queue.claim(db, "w1"))
+    row = db.execute("SELECT failures, last_error, run_at > now(), locked_by FROM jobs").fetchone()
+    assert row[0] == 1 and "RuntimeError: test.raise on attempt 1" in row[1]
+    assert row[2] is True and row[3] is None
+    assert w.gauge.snapshot()["failed"] == 1
+
+
+def test_consecutive_failures_are_bounded_then_parked_with_an_alert(db, pool, test_handlers):
+    queue.enqueue(db, "test.raise", "r")
+    db.execute("UPDATE jobs SET failures = %s", (queue.MAX_FAILURES - 1,))
+    w = _worker(pool)
+    w._run(queue.claim(db, "w1"))
+    row = db.execute("SELECT run_at = 'infinity', last_error FROM jobs").fetchone()
+    assert row[0] is True and "consecutive failures" in row[1]
+    assert db.execute("SELECT kind FROM alerts").fetchall() == [("job_dead_lettered",)]
+
+
+def test_unknown_kind_is_dead_lettered(db, pool):
+    queue.enqueue(db, "no.such.kind", "x")
+    _worker(pool)._run(queue.claim(db, "w1"))
+    assert db.execute("SELECT run_at = 'infinity' FROM jobs").fetchone() == (True,)
+
+
+def test_outcome_after_the_lease_was_taken_over_counts_as_lost(db, pool, test_handlers):
+    queue.enqueue(db, "test.retry", "x", {"delay": 60})
+    job = queue.claim(db, "w1")
+    db.execute("UPDATE jobs SET locked_at = now() - interval '1 hour'")
+    queue.reap_expired_leases(db, lease=300)
+    other = queue.claim(db, "w2")
+    w = _worker(pool)
+    w._run(job)
+    assert w.gauge.snapshot()["lost"] == 1
+    assert db.execute("SELECT locked_by, lease_token FROM jobs").fetchone() == ("w2", other.lease_token)
+
+
+class _ConnCounter:
+    """A TCP listener that counts connection attempts (and answers nothing)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.accepted = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.accepted += 1
+                conn.close()
+            except OSError:
+                pass
+
+    @property
+    def port(self):
+        return self.sock.getsockname()[1]
+
+    def close(self):
+        self._stop.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+def test_concurrency_above_half_the_pool_is_refused_with_78_before_any_connection(tmp_path):
+    counter = _ConnCounter()
+    try:
+        env = base_env(f"postgresql://nobody@127.0.0.1:{counter.port}/x?connect_timeout=2")
+        res = subprocess.run([script("vpay-worker"), "--worker-concurrency", "6"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 78
+        assert "--worker-concurrency 6" in res.stderr and res.stderr.count("\n") == 1
+        # and on the embedded default: no data directory is created
+        env = base_env("", VPAY_DATA_DIR=str(tmp_path / "data"))
+        del env["VPAY_DATABASE_URL"]
+        res = subprocess.run([script("vpay-worker"), "--worker-concurrency", "6"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 78
+        assert not (tmp_path / "data").exists()
+        assert counter.accepted == 0
+    finally:
+        counter.close()
+
+
+def test_usage_error_exits_2():
+    res = subprocess.run([script("vpay-worker"), "--worker-concurrency", "lots"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+
+
+@pytest.fixture
+def fresh_db(server_url, worker_id):
+    name = f"vpay_mig_{worker_id}_{threading.get_ident() % 10000}"
+    admin = psycopg.connect(psycopg.conninfo.make_conninfo(server_url, dbname="postgres"), autocommit=True)
+    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    admin.close()
+
+
+def _schema(url):
+    with psycopg.connect(url) as conn:
+        tables = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                              "ORDER BY 1").fetchall()
+        applied = conn.execute("SELECT name FROM schema_migrations ORDER BY 1").fetchall()
+    return [t[0] for t in tables], [a[0] for a in applied]
+
+
+def test_migrate_twice_and_concurrently_leaves_one_schema(fresh_db):
+    env = base_env(fresh_db)
+    procs = [subprocess.Popen([script("vpay-server"), "migrate"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [(p.wait(120), p.stdout.read(), p.stderr.read()) for p in procs]
+    assert all(rc == 0 for rc, _, _ in results), results
+    applied_counts = sorted(len(__import__("json").loads(out.strip().splitlines()[-1])["applied"])
+                            for _, out, _ in results)
+    from vpay.db import migration_files
+    assert applied_counts == [0, 0, len(migration_files())]
+    tables, applied = _schema(fresh_db)
+    assert {"jobs", "charges", "payment_intents", "events", "webhook_endpoints", "alerts",
+            "schema_migrations"} <= set(tables)
+    assert applied == [n for n, _ in migration_files()]
+    again = subprocess.run([script("vpay-server"), "migrate"], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0 and '"applied": []' in again.stdout
+    assert _schema(fresh_db) == (tables, applied)
+
+
+@pytest.mark.slow
+def test_two_worker_processes_handle_each_of_2000_jobs_exactly_once(db, db_url, spawn):
+    db.execute("CREATE TABLE test_executions (job_key text NOT NULL, worker text NOT NULL)")
+    with db.cursor() as cur:
+        cur.executemany("INSERT INTO jobs (kind, dedupe_key) VALUES ('test.count', %s)",
+                        [(f"count:{i}",) for i in range(2000)])
+    env = base_env(db_url, VPAY_TEST_HANDLERS="1")
+    workers = [spawn("vpay-worker", "--worker-concurrency", "5", "--idle-sleep", "0.1",
+                     "--worker-id", f"proc{i}", env=env) for i in range(2)]
+    wait_until(lambda: db.execute("SELECT count(*) FROM jobs WHERE kind = 'test.count'").fetchone()[0] == 0,
+               timeout=240, interval=0.5, what="the queue to drain")
+    for w in workers:
+        w.signal()
+    assert [w.wait(60) for w in workers] == [0, 0]
+    total, distinct = db.execute("SELECT count(*), count(DISTINCT job_key) FROM test_executions").fetchone()
+    assert (total, distinct) == (2000, 2000)
+    per_worker = dict(db.execute("SELECT worker, count(*) FROM test_executions GROUP BY 1").fetchall())
+    assert set(per_worker) == {"proc0", "proc1"}  # both processes really competed
+    for w in workers:
+        final = w.find("gauge", final=True)
+        assert final and final[0]["lost"] == 0
