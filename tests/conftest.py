@@ -103,3 +103,19 @@ def spawn(tmp_path):
     yield start
     for proc in procs:
         proc.close()
+
+
+@pytest.fixture
+def sandbox():
+    """A MoMo-shaped rail: a real HTTP server on 127.0.0.1 in this process."""
+    from vpay.rails.sandbox import SandboxRail
+    with SandboxRail(success_after_seconds=0.2) as rail:
+        yield rail
+
+
+
+@pytest.fixture
+def merchant(db) -> str:
+    from vpay.merchants import create_merchant
+    create_merchant(db, "m_test", "Test merchant")
+    return "m_test"

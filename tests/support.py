@@ -100,3 +100,39 @@ def base_env(db_url: str, **extra: str) -> dict[str, str]:
     env.update({"VPAY_DATABASE_URL": db_url, "PYTHONUNBUFFERED": "1"})
     env.update(extra)
     return env
+
+
+def rail_env(rail, **extra: str) -> dict[str, str]:
+    """``VPAY_MTN_*`` pointing the MTN adapter at a ``SandboxRail``."""
+    return {"VPAY_MTN_BASE_URL": rail.url, "VPAY_MTN_SUBSCRIPTION_KEY": rail.subscription_key,
+            "VPAY_MTN_API_USER": rail.api_user, "VPAY_MTN_API_KEY": rail.api_key,
+            "VPAY_MTN_TARGET_ENVIRONMENT": rail.target_environment, **extra}
+
+
+class TimeMachine:
+    """Moves the queue's time forward the way the tests may: by writing
+    ``run_at`` (never by sleeping for real minutes). ``start()`` runs a
+    thread that makes every unleased, not dead-lettered job of ``kinds`` due
+    now, every ``interval`` seconds."""
+
+    def __init__(self, db_url: str, kinds=("poll", "resubmit"), interval: float = 0.2):
+        import threading
+        self.db_url, self.kinds, self.interval = db_url, list(kinds), interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        import psycopg
+        with psycopg.connect(self.db_url, autocommit=True) as conn:
+            while not self._stop.wait(self.interval):
+                conn.execute("UPDATE jobs SET run_at = now() WHERE kind = ANY(%s) "
+                             "AND locked_at IS NULL AND run_at > now() AND run_at <> 'infinity'",
+                             (self.kinds,))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)

@@ -70,6 +70,7 @@ def migrate() -> None:
 def worker(worker_concurrency: int, shutdown_grace_seconds: float, lease_seconds: float,
            idle_sleep: float, worker_id: str | None) -> None:
     """The reconciler worker: claims jobs, polls rails, drains on SIGTERM."""
+    logs.setup(stream=sys.stdout)
     from .db import MAX_CONNECTIONS
     # Refused before any database connection: a wrong flag must not touch the fleet.
     if not 1 <= worker_concurrency <= MAX_CONNECTIONS // 2:
@@ -199,7 +200,7 @@ def sandbox_rail(host: str, port: int, success_after_seconds: float) -> None:
 
 def worker_main() -> None:
     """Entry point of ``vpay-worker``: ``vpay-server worker`` under its own name."""
-    logs.setup(os.environ.get("VPAY_LOG_LEVEL", "INFO").upper())
+    logs.setup(os.environ.get("VPAY_LOG_LEVEL", "INFO").upper(), sys.stdout)
     worker.main(prog_name="vpay-worker")
 
 

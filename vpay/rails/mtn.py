@@ -201,8 +201,9 @@ class MtnMomo:
         Reads ``VPAY_MTN_BASE_URL``, ``VPAY_MTN_SUBSCRIPTION_KEY``,
         ``VPAY_MTN_API_USER``, ``VPAY_MTN_API_KEY`` (all required),
         ``VPAY_MTN_TARGET_ENVIRONMENT`` (default ``sandbox``) and
-        ``VPAY_MTN_CALLBACK_URL`` (optional). ``kwargs`` go to the constructor
-        (timeouts, session, clock, sleep).
+        ``VPAY_MTN_CALLBACK_URL`` (optional), ``VPAY_MTN_CONNECT_TIMEOUT_SECONDS``
+        and ``VPAY_MTN_READ_TIMEOUT_SECONDS`` (optional, seconds). ``kwargs``
+        go to the constructor (timeouts, session, clock, sleep) and win.
 
         Raises ``RailError`` naming every missing or empty required variable
         (names only, never values).
@@ -213,6 +214,14 @@ class MtnMomo:
             raise RailError(
                 "MTN MoMo adapter: missing environment variable(s): " + ", ".join(missing)
             )
+        for name, key in (("VPAY_MTN_CONNECT_TIMEOUT_SECONDS", "connect_timeout"),
+                          ("VPAY_MTN_READ_TIMEOUT_SECONDS", "read_timeout")):
+            raw = environ.get(name, "").strip()
+            if raw and key not in kwargs:
+                try:
+                    kwargs[key] = float(raw)
+                except ValueError:
+                    raise RailError(f"{name} must be a number of seconds") from None
         return cls(
             base_url=environ[_ENV_BASE_URL],
             subscription_key=environ[_ENV_SUBSCRIPTION_KEY],
