@@ -198,6 +198,15 @@ def sandbox_rail(host: str, port: int, success_after_seconds: float) -> None:
         rail.stop()
 
 
+
+@main.command()
+@click.option("--deadline-seconds", default=150.0, show_default=True, type=float,
+              help="Stop waiting for the batch to settle after this long.")
+def demo(deadline_seconds: float) -> None:
+    """The main job on the embedded default: sandbox rail, worker, a batch of payments."""
+    from .demo import run
+    sys.exit(run(deadline_seconds=deadline_seconds))
+
 def worker_main() -> None:
     """Entry point of ``vpay-worker``: ``vpay-server worker`` under its own name."""
     logs.setup(os.environ.get("VPAY_LOG_LEVEL", "INFO").upper(), sys.stdout)
@@ -205,3 +214,8 @@ def worker_main() -> None:
 
 
 # Feature command groups register themselves here, one line each.
+from .webhooks_cli import webhooks  # noqa: E402
+main.add_command(webhooks)
+from .api.commands import api, merchants  # noqa: E402
+main.add_command(api)
+main.add_command(merchants)

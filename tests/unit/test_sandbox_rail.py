@@ -203,6 +203,15 @@ def test_rtp_auth_and_validation(rail_and_client):
     assert rail.transactions() == []  # none of these recorded anything
 
 
+def test_callback_hosts_option_allows_a_named_host(make_rail):
+    rail, momo = make_rail(callback_hosts=["vpay.example"])
+    rail.script(OK_PAYER, callback=False)  # never actually call out
+    _, r = momo.rtp(callback_url="https://vpay.example/provider/mtn/callback")
+    assert r.status_code == 202
+    _, r = momo.rtp(callback_url="http://127.0.0.1:9/cb")  # loopback not in the list
+    assert r.status_code == 500 and r.json()["code"] == "INVALID_CALLBACK_URL_HOST"
+
+
 def test_status_requires_bearer_subscription_key_and_target(rail_and_client):
     rail, momo = rail_and_client
     ref, r = momo.rtp()
@@ -395,8 +404,11 @@ def test_script_rejects_unknown_or_bad_options(rail_and_client):
         rail.script(OK_PAYER, status_errors=[200])
     with pytest.raises(ValueError):
         rail.script(OK_PAYER, outcome="SUCCESSFUL", reason="EXPIRED")
-    r = momo.s.put(f"{rail.url}/_sandbox/payers/{OK_PAYER}", json={"outcome": "MAYBE"}, timeout=5)
-    assert r.status_code == 400
+    for bad in ({"outcome": "MAYBE"}, {"payer": "x"}, {"pending_reads": -1}, [1, 2]):
+        r = momo.s.put(f"{rail.url}/_sandbox/payers/{OK_PAYER}", json=bad, timeout=5)
+        assert r.status_code == 400, bad
+        assert r.json()["code"] == "BAD_REQUEST"
+    assert rail.scripts() == {}
 
 
 # --------------------------------------------------------------------------- control

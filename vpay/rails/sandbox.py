@@ -95,7 +95,12 @@ default, ``callback_method="PUT"`` possible; MoMo uses both) from a background
 thread with a 5 s timeout: never retried, errors logged and swallowed. Like
 MoMo's ``INVALID_CALLBACK_URL_HOST`` check, a request-to-pay whose callback
 host is not allowed is refused with 500; by default only loopback hosts are
-allowed (``callback_hosts``).
+allowed (``callback_hosts``). A scripted transaction (``pending_reads`` or
+``outcome``) only becomes terminal at a status read, so its callback follows
+that read.
+
+Command line (demo): ``python -m vpay.rails.sandbox --port 8089`` serves until
+Ctrl-C or SIGTERM; see ``--help``.
 """
 
 from __future__ import annotations
@@ -578,8 +583,14 @@ class SandboxRail:
     def stop(self) -> None:
         """Stop serving and close the socket. Idempotent."""
         self._stopping.set()
-        with self._cond:
-            self._cond.notify_all()
+        # Wake the timer thread. Bounded wait: stop() may run in a signal
+        # handler that interrupted a thread holding the lock (the timer thread
+        # notices _stopping within a second anyway).
+        if self._cond.acquire(timeout=0.2):
+            try:
+                self._cond.notify_all()
+            finally:
+                self._cond.release()
         if self._serving and self._serve_ident == threading.get_ident():
             # Called from inside serve_forever's thread (signal handler):
             # shutdown() would wait for ourselves; ask another thread to do it.
@@ -611,13 +622,16 @@ class SandboxRail:
         """Script the behaviour of ``payer``'s future transactions (see module
         docstring for the options). No options = back to the default. Returns
         the normalised script. Raises ValueError on a bad option."""
+        return self._set_script(payer, opts)
+
+    def _set_script(self, payer: str, opts: Mapping[str, Any]) -> dict[str, Any]:
         s = _parse_script(opts)
         with self._lock:
             if opts:
                 self._scripts[payer] = s
             else:
                 self._scripts.pop(payer, None)
-        log.info("sandbox: payer %s scripted: %s", payer, {k: v for k, v in opts.items()})
+        log.info("sandbox: payer %s scripted: %s", payer, dict(opts) or "default behaviour")
         return s.as_dict()
 
     def scripts(self) -> dict[str, dict[str, Any]]:
@@ -836,7 +850,8 @@ class SandboxRail:
             else:
                 resp = _error(404, "RESOURCE_NOT_FOUND", "Resource not found", statusCode=404)
         except Exception:
-            entry["status_code"] = 500
+            with self._lock:
+                entry["status_code"] = 500
             raise
         with self._lock:
             entry["status_code"] = resp.status
@@ -1042,9 +1057,9 @@ class SandboxRail:
             if len(parts) == 2 and parts[0] == "payers":
                 if method == "PUT":
                     opts = _json_object(raw, allow_empty=True)
-                    return _Resp(200, {"payer": parts[1], "script": self.script(parts[1], **opts)})
+                    return _Resp(200, {"payer": parts[1], "script": self._set_script(parts[1], opts)})
                 if method == "DELETE":
-                    self.script(parts[1])
+                    self._set_script(parts[1], {})
                     return _Resp(204)
             if len(parts) == 2 and parts[0] == "transactions":
                 ref = parts[1]
@@ -1131,12 +1146,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-environment", default="sandbox")
     p.add_argument("--success-after", type=float, default=3.0, help="seconds until a payment succeeds")
     p.add_argument("--reason-shape", choices=("object", "string"), default="object")
+    p.add_argument("--callback-host", action="append", default=None, metavar="HOST",
+                   help="allow callbacks to HOST (repeatable; '*' = any); default: loopback only")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rail = SandboxRail(args.host, args.port, subscription_key=args.subscription_key,
                        api_user=args.api_user, api_key=args.api_key,
                        target_environment=args.target_environment,
-                       success_after_seconds=args.success_after, reason_shape=args.reason_shape)
+                       success_after_seconds=args.success_after, reason_shape=args.reason_shape,
+                       callback_hosts=args.callback_host)
     signal.signal(signal.SIGTERM, lambda *_: rail.stop())
     rail.serve_forever()
     return 0
