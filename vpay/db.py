@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
@@ -105,7 +104,8 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
 
 def migration_files() -> list[tuple[str, str]]:
     """``[(file name, sql text)]`` of the shipped migrations, in name order."""
-    folder = resources.files("vpay.sql")
+    from .queries import sql_root
+    folder = sql_root()
     files = sorted((e for e in folder.iterdir() if e.name.endswith(".sql")), key=lambda e: e.name)
     return [(e.name, e.read_text(encoding="utf-8")) for e in files]
 

@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from pathlib import Path
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
+def sql_root():
+    """The shipped ``sql/`` folder: ``vpay.sql`` when installed; the source
+    tree's ``sql/`` when ``vpay`` is imported from a checkout that is not
+    the installed copy (``python -m pytest`` from the repo root)."""
+    try:
+        return resources.files("vpay.sql")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "sql"
+
+
 def _load() -> dict[str, str]:
     queries: dict[str, str] = {}
-    folder = resources.files("vpay.sql.queries")
+    folder = sql_root() / "queries"
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
