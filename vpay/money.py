@@ -107,13 +107,18 @@ def emit_event(conn: psycopg.Connection, type_: str, intent: dict[str, Any],
 
 def create_payment(conn: psycopg.Connection, *, merchant_id: str, amount: int, currency: str,
                    rail: str, payer: str, description: str | None = None,
-                   prompt_ttl_seconds: int = 900) -> Created:
+                   prompt_ttl_seconds: int = 900, intent_id: str | None = None) -> Created:
     """Create a confirmed payment: in ONE transaction the intent
     (``processing``, with a ``mobile_money_prompt`` next action), the charge
     (``pending``, a fresh UUIDv4 ``rail_reference``), its ``poll:<charge_id>``
     job (due at the ladder's first rung) and the ``payment_intent.processing``
     event. The rail is asked to pay only after this commits (``submit``), so
     every kill point leaves the poll job behind (design page, "The job queue").
+
+    ``intent_id`` (default: a fresh ``pi_…``) lets a caller choose the id
+    before creating, so that it can tell later whether the intent was
+    committed (the API's Idempotency-Key records); an id that exists already
+    raises ``psycopg.errors.UniqueViolation`` and writes nothing.
 
     Raises ``InvalidPayment`` on bad input or an unknown merchant; nothing
     is written then.
@@ -124,7 +129,7 @@ def create_payment(conn: psycopg.Connection, *, merchant_id: str, amount: int, c
     try:
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             intent = cur.execute(Q["insert_intent"], {
-                "id": new_id("pi"), "merchant_id": merchant_id, "amount": amount,
+                "id": intent_id or new_id("pi"), "merchant_id": merchant_id, "amount": amount,
                 "currency": currency, "ttl": prompt_ttl_seconds,
                 "description": description}).fetchone()
             charge = cur.execute(Q["insert_charge"], {

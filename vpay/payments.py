@@ -51,17 +51,20 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
 
 def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, merchant_id: str,
                       amount: int, currency: str, rail: str, payer: str,
-                      description: str | None = None, prompt_ttl_seconds: int = 900) -> dict[str, Any]:
+                      description: str | None = None, prompt_ttl_seconds: int = 900,
+                      intent_id: str | None = None) -> dict[str, Any]:
     """Create (one transaction) then submit. Answers ``{"payment_intent",
     "charge"}`` as merchant-facing JSON, read back after the submit. Raises
     ``money.InvalidPayment`` on bad input (nothing written) and
-    ``RailError`` when the rail is not configured (checked before writing)."""
+    ``RailError`` when the rail is not configured (checked before writing).
+    ``intent_id``: see ``money.create_payment``."""
     adapter = rail_for(rail) if rail in money.KNOWN_RAILS else None
     with pool.connection() as conn:
         created = money.create_payment(conn, merchant_id=merchant_id, amount=amount,
                                        currency=currency, rail=rail, payer=payer,
                                        description=description,
-                                       prompt_ttl_seconds=prompt_ttl_seconds)
+                                       prompt_ttl_seconds=prompt_ttl_seconds,
+                                       intent_id=intent_id)
     testhooks.pause("after_charge_commit")
     with pool.connection() as conn:
         submit(conn, adapter, created.charge, description)

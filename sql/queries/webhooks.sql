@@ -1,14 +1,90 @@
--- Webhook fan-out and delivery (vpay/handlers/webhooks.py).
+-- Webhook endpoints, fan-out and delivery (vpay/webhooks.py,
+-- vpay/handlers/webhooks.py). Every "now" is the database's.
 
 -- name: fanout_deliveries
--- One delivery job per enabled endpoint of the event's merchant; the dedupe
--- key makes a re-run create nothing new.
+-- One delivery per enabled endpoint of the event's merchant: a
+-- webhook_deliveries row and its deliver:<event_id>:<endpoint_id> job, in one
+-- statement. The delivery row's primary key makes a re-run create nothing
+-- new, even after the deliver jobs have finished (issue: fan-out, idempotent).
+WITH targets AS (
+    SELECT e.id AS event_id, w.id AS endpoint_id
+      FROM events e
+      JOIN payment_intents i ON i.id = e.payment_intent_id
+      JOIN webhook_endpoints w ON w.merchant_id = i.merchant_id AND w.enabled
+     WHERE e.id = %(event_id)s
+), recorded AS (
+    INSERT INTO webhook_deliveries (event_id, endpoint_id)
+    SELECT event_id, endpoint_id FROM targets
+    ON CONFLICT (event_id, endpoint_id) DO NOTHING
+    RETURNING event_id, endpoint_id
+)
 INSERT INTO jobs (kind, dedupe_key, payload)
-SELECT 'deliver', 'deliver:' || e.id || ':' || w.id,
-       jsonb_build_object('event_id', e.id, 'endpoint_id', w.id)
-  FROM events e
-  JOIN payment_intents i ON i.id = e.payment_intent_id
-  JOIN webhook_endpoints w ON w.merchant_id = i.merchant_id AND w.enabled
- WHERE e.id = %(event_id)s
+SELECT 'deliver', 'deliver:' || event_id || ':' || endpoint_id,
+       jsonb_build_object('event_id', event_id, 'endpoint_id', endpoint_id)
+  FROM recorded
 ON CONFLICT (dedupe_key) DO NOTHING
 RETURNING id;
+
+-- name: webhook_delivery_context
+-- What one delivery attempt needs. The previous secret is returned only while
+-- its overlap lasts. now_epoch is the database's clock, for webhook-timestamp.
+SELECT e.id AS event_id, e.type, e.data, e.created_at,
+       w.id AS endpoint_id, w.url, w.enabled, w.secret,
+       CASE WHEN w.previous_secret_expires_at > now() THEN w.previous_secret END AS previous_secret,
+       floor(EXTRACT(EPOCH FROM clock_timestamp()))::bigint AS now_epoch
+  FROM events e, webhook_endpoints w
+ WHERE e.id = %(event_id)s AND w.id = %(endpoint_id)s;
+
+-- name: webhook_record_attempt
+-- The outcome of one attempt on the delivery's row (created here if the
+-- deliver job was enqueued some other way).
+INSERT INTO webhook_deliveries (event_id, endpoint_id, status, attempts, last_status_code,
+                                last_error, delivered_at)
+VALUES (%(event_id)s, %(endpoint_id)s, %(status)s, %(attempts)s, %(status_code)s, %(error)s,
+        CASE WHEN %(status)s = 'delivered' THEN now() END)
+ON CONFLICT (event_id, endpoint_id) DO UPDATE
+   SET status = EXCLUDED.status,
+       attempts = GREATEST(webhook_deliveries.attempts, EXCLUDED.attempts),
+       last_status_code = EXCLUDED.last_status_code,
+       last_error = EXCLUDED.last_error,
+       updated_at = now(),
+       delivered_at = COALESCE(webhook_deliveries.delivered_at, EXCLUDED.delivered_at);
+
+-- name: webhook_endpoint_insert
+INSERT INTO webhook_endpoints (id, merchant_id, url, secret)
+VALUES (%(id)s, %(merchant_id)s, %(url)s, %(secret)s)
+RETURNING id, merchant_id, url, enabled, created_at;
+
+-- name: webhook_endpoint_list
+-- Never the secrets.
+SELECT id, merchant_id, url, enabled, disabled_at, disabled_reason,
+       previous_secret_expires_at > now() AS rotating, created_at
+  FROM webhook_endpoints
+ WHERE %(merchant_id)s::text IS NULL OR merchant_id = %(merchant_id)s
+ ORDER BY merchant_id, created_at, id;
+
+-- name: webhook_endpoint_disable
+-- Idempotent: disabling a disabled endpoint keeps its first reason.
+UPDATE webhook_endpoints
+   SET enabled = false,
+       disabled_at = COALESCE(disabled_at, now()),
+       disabled_reason = COALESCE(disabled_reason, %(reason)s)
+ WHERE id = %(id)s
+RETURNING id, merchant_id, url, enabled, disabled_at, disabled_reason, created_at;
+
+-- name: webhook_endpoint_enable
+UPDATE webhook_endpoints
+   SET enabled = true, disabled_at = NULL, disabled_reason = NULL
+ WHERE id = %(id)s
+RETURNING id, merchant_id, url, enabled, disabled_at, disabled_reason, created_at;
+
+-- name: webhook_endpoint_rotate_secret
+-- With an overlap, the old secret keeps signing (alongside the new one) until
+-- previous_secret_expires_at; with none, it stops at once.
+UPDATE webhook_endpoints
+   SET previous_secret = CASE WHEN %(overlap)s > 0 THEN secret END,
+       previous_secret_expires_at = CASE WHEN %(overlap)s > 0
+                                         THEN now() + make_interval(secs => %(overlap)s) END,
+       secret = %(secret)s
+ WHERE id = %(id)s
+RETURNING id, merchant_id, url, enabled, previous_secret_expires_at;

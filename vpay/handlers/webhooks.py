@@ -1,20 +1,124 @@
 """Webhook fan-out and delivery on the same queue (design page: "the same
 queue carries webhook fan-out and delivery").
 
-``fanout:<event_id>`` creates one ``deliver:<event_id>:<endpoint_id>`` job per
-enabled endpoint of the event's merchant; re-running creates nothing new.
+* ``fanout:<event_id>`` (born with its event, in the same transaction, by
+  ``money.emit_event``) creates one ``deliver:<event_id>:<endpoint_id>`` job
+  per enabled endpoint of the event's merchant, each with its
+  ``webhook_deliveries`` row; re-running creates nothing new.
+* ``deliver:<event_id>:<endpoint_id>`` makes one signed POST
+  (``vpay.webhooks.post``) and answers the queue: 2xx → ``Done``; 410 → the
+  endpoint is disabled, ``Done``; otherwise ``RetryAfter`` on the webhook
+  schedule, then ``DeadLetter`` (the loop parks the job and writes a
+  ``job_dead_lettered`` alert). A disabled endpoint's pending deliveries end
+  ``Done`` without a request. The attempt number is the job's ``attempts``.
+
+No database connection is held during the POST. Delivery is at-least-once:
+a worker that dies (or whose drain times out) after the receiver got the
+request but before the job's row was finished delivers again, with the same
+``webhook-id``.
 """
 
 from __future__ import annotations
 
-from ..outcome import Done
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+from psycopg.rows import dict_row
+
+from .. import webhooks
+from ..outcome import DeadLetter, Done, RetryAfter
 from ..queries import Q
 from . import register
+
+log = logging.getLogger("vpay.webhooks")
 
 
 @register("fanout")
 def fanout(job, ctx):
+    """One delivery per enabled endpoint of the event's merchant
+    (``fanout_deliveries``); answers ``Done`` with the count created."""
     event_id = job.payload.get("event_id")
+    if not event_id:
+        return DeadLetter(f"fanout job without an event_id: {job.payload!r}")
     with ctx.pool.connection() as conn:
         rows = conn.execute(Q["fanout_deliveries"], {"event_id": event_id}).fetchall()
+    log.info("webhook fan-out", extra=_fields(job, ctx, event_id=event_id, deliveries=len(rows)))
     return Done(f"{len(rows)} deliveries")
+
+
+@register("deliver")
+def deliver(job, ctx):
+    """One attempt to deliver one event to one endpoint; see the module doc."""
+    event_id = job.payload.get("event_id")
+    endpoint_id = job.payload.get("endpoint_id")
+    if not event_id or not endpoint_id:
+        return DeadLetter(f"deliver job without event_id/endpoint_id: {job.payload!r}")
+    connect_timeout, read_timeout = webhooks.timeouts()  # ConfigError: the loop retries, loudly
+    with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["webhook_delivery_context"],
+                          {"event_id": event_id, "endpoint_id": endpoint_id}).fetchone()
+    fields = _fields(job, ctx, event_id=event_id, endpoint_id=endpoint_id)
+    if row is None:
+        log.warning("webhook delivery dropped: its event or endpoint no longer exists", extra=fields)
+        return Done("event or endpoint gone")
+    fields["host"] = urlsplit(row["url"]).hostname
+    if not row["enabled"]:
+        _record(ctx, event_id, endpoint_id, "skipped", job.attempts, None, "endpoint disabled")
+        log.info("webhook delivery ended: endpoint disabled", extra=fields)
+        return Done("endpoint disabled")
+
+    body = webhooks.payload({"id": row["event_id"], "type": row["type"],
+                             "created_at": row["created_at"], "data": row["data"]})
+    headers = webhooks.signed_headers(row["event_id"], row["now_epoch"], body,
+                                      [row["secret"], row["previous_secret"]])
+    attempt = webhooks.post(row["url"], body, headers, connect_timeout=connect_timeout,
+                            read_timeout=read_timeout, allow_private=webhooks.allow_private())
+    decision = webhooks.decide(attempt, job.attempts)
+    fields |= {"status_code": attempt.status_code, "seconds": round(attempt.elapsed, 3),
+               "result": attempt.summary, "address": attempt.address}
+
+    if decision.action == "delivered":
+        _record(ctx, event_id, endpoint_id, "delivered", job.attempts, attempt.status_code, None)
+        log.info("webhook delivered", extra=fields)
+        return Done(attempt.summary)
+    if decision.action == "gone":
+        with ctx.pool.connection() as conn:
+            webhooks.disable_endpoint(conn, endpoint_id, "receiver answered 410 Gone")
+        _record(ctx, event_id, endpoint_id, "gone", job.attempts, attempt.status_code,
+                decision.note)
+        log.warning("webhook endpoint answered 410 Gone: endpoint disabled", extra=fields)
+        return Done(decision.note)
+    if decision.action == "retry":
+        _record(ctx, event_id, endpoint_id, "pending", job.attempts, attempt.status_code,
+                _error_text(attempt))
+        log.warning("webhook delivery failed; will retry",
+                    extra=fields | {"retry_in_seconds": round(decision.delay, 1),
+                                    "error": attempt.error, "body": attempt.body_excerpt[:200]})
+        return RetryAfter(decision.delay, decision.note)
+    _record(ctx, event_id, endpoint_id, "dead_lettered", job.attempts, attempt.status_code,
+            _error_text(attempt))
+    log.error("webhook delivery given up", extra=fields | {"reason": decision.note,
+                                                           "error": attempt.error})
+    return DeadLetter(decision.note)
+
+
+def _record(ctx, event_id: str, endpoint_id: str, status: str, attempts: int,
+            status_code: int | None, error: str | None) -> None:
+    with ctx.pool.connection() as conn:
+        conn.execute(Q["webhook_record_attempt"], {
+            "event_id": event_id, "endpoint_id": endpoint_id, "status": status,
+            "attempts": attempts, "status_code": status_code,
+            "error": error[:2000] if error else None})
+
+
+def _error_text(attempt: webhooks.Attempt) -> str:
+    text = attempt.summary
+    if attempt.body_excerpt:
+        text += f": {attempt.body_excerpt}"
+    return text
+
+
+def _fields(job, ctx, **more: Any) -> dict[str, Any]:
+    return {"worker_id": ctx.worker_id, "job_id": job.id, "kind": job.kind,
+            "dedupe_key": job.dedupe_key, "attempts": job.attempts, **more}

@@ -1,0 +1,107 @@
+-- The HTTP API (vpay/api) and merchant keys (vpay/merchants.py).
+
+-- name: insert_api_key
+INSERT INTO merchant_api_keys (id, merchant_id, secret_sha256)
+VALUES (%(id)s, %(merchant_id)s, %(secret_sha256)s)
+RETURNING id, merchant_id, created_at;
+
+-- name: find_api_key
+SELECT merchant_id, secret_sha256 FROM merchant_api_keys
+ WHERE id = %(id)s AND revoked_at IS NULL;
+
+-- name: revoke_api_key
+UPDATE merchant_api_keys SET revoked_at = now()
+ WHERE id = %(id)s AND revoked_at IS NULL
+RETURNING id, merchant_id;
+
+-- name: list_merchants
+SELECT m.id, m.name, m.created_at,
+       coalesce(jsonb_agg(jsonb_build_object('id', k.id, 'created_at', k.created_at,
+                                             'revoked_at', k.revoked_at)
+                          ORDER BY k.created_at) FILTER (WHERE k.id IS NOT NULL),
+                '[]'::jsonb) AS keys
+  FROM merchants m LEFT JOIN merchant_api_keys k ON k.merchant_id = m.id
+ GROUP BY m.id
+ ORDER BY m.id;
+
+-- name: callback_find_charge
+-- The callback route (design page, "Callbacks are hints"): the charge a
+-- reference names, and where its poll job stands. Reads only.
+SELECT c.id, c.status,
+       coalesce(c.last_polled_at > now() - make_interval(secs => %(spacing)s), false) AS polled_recently,
+       j.id AS job_id,
+       j.locked_at IS NOT NULL AS leased,
+       j.run_at = 'infinity' AS dead_lettered,
+       j.run_at <= now() + make_interval(secs => %(spacing)s) AS due_soon
+  FROM charges c
+  LEFT JOIN jobs j ON j.dedupe_key = 'poll:' || c.id
+ WHERE c.rail = %(rail)s AND c.rail_reference = %(reference)s;
+
+-- name: callback_pull_forward
+-- Pull a parked poll forward to now. Every condition is re-checked on the row
+-- being updated, so a poll leased, dead-lettered or rescheduled in the
+-- meantime is left alone; and a charge the rail was asked about within the
+-- spacing (the ladder's first rung) is not asked again.
+UPDATE jobs SET run_at = now()
+ WHERE dedupe_key = 'poll:' || %(charge_id)s
+   AND locked_at IS NULL
+   AND run_at <> 'infinity'
+   AND run_at > now() + make_interval(secs => %(spacing)s)
+   AND NOT EXISTS (SELECT 1 FROM charges c
+                    WHERE c.id = %(charge_id)s
+                      AND c.last_polled_at > now() - make_interval(secs => %(spacing)s))
+RETURNING id;
+
+-- name: api_load_intent
+-- One merchant's intent with the id of its latest charge; another merchant's
+-- intent is simply not found.
+SELECT i.*, (SELECT c.id FROM charges c WHERE c.payment_intent_id = i.id
+              ORDER BY c.created_at DESC, c.id DESC LIMIT 1) AS latest_charge
+  FROM payment_intents i
+ WHERE i.id = %(id)s AND i.merchant_id = %(merchant_id)s;
+
+-- name: idempotency_claim
+-- Insert the "in progress" row, or take over one older than the 24 h window.
+-- No row back: the key is held by a live record (read it with idempotency_find).
+INSERT INTO idempotency_keys (merchant_id, key, request_sha256, payment_intent_id)
+VALUES (%(merchant_id)s, %(key)s, %(request_sha256)s, %(payment_intent_id)s)
+ON CONFLICT (merchant_id, key) DO UPDATE
+   SET request_sha256 = EXCLUDED.request_sha256,
+       payment_intent_id = EXCLUDED.payment_intent_id,
+       status_code = NULL, response_body = NULL, completed_at = NULL,
+       created_at = now(), locked_at = now()
+ WHERE idempotency_keys.created_at < now() - make_interval(secs => %(keep)s)
+RETURNING payment_intent_id;
+
+-- name: idempotency_find
+SELECT request_sha256, payment_intent_id, status_code, response_body, locked_at,
+       locked_at < now() - make_interval(secs => %(stale)s) AS stale
+  FROM idempotency_keys
+ WHERE merchant_id = %(merchant_id)s AND key = %(key)s
+   AND created_at >= now() - make_interval(secs => %(keep)s);
+
+-- name: idempotency_take_over
+-- A stale in-progress attempt (its request died): take it over, once. The
+-- compare on locked_at makes two racing take-overs leave one winner.
+UPDATE idempotency_keys SET locked_at = now()
+ WHERE merchant_id = %(merchant_id)s AND key = %(key)s
+   AND status_code IS NULL AND locked_at = %(locked_at)s
+RETURNING payment_intent_id;
+
+-- name: idempotency_complete
+UPDATE idempotency_keys
+   SET status_code = %(status_code)s, response_body = %(response_body)s, completed_at = now()
+ WHERE merchant_id = %(merchant_id)s AND key = %(key)s
+   AND payment_intent_id = %(payment_intent_id)s AND status_code IS NULL
+RETURNING key;
+
+-- name: idempotency_release
+-- The attempt created nothing: forget the key so that a retry starts afresh.
+DELETE FROM idempotency_keys
+ WHERE merchant_id = %(merchant_id)s AND key = %(key)s
+   AND payment_intent_id = %(payment_intent_id)s AND status_code IS NULL
+RETURNING key;
+
+-- name: delete_expired_idempotency_keys
+-- Housekeeping (for the hourly sweep): Idempotency-Key records are kept 24 h.
+DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours';

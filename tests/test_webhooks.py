@@ -1,0 +1,787 @@
+"""Webhooks: endpoints, the URL policy, fan-out, signed delivery and its
+retry rules, against a real Postgres and a real HTTP receiver on loopback.
+
+End-to-end tests run the installed ``vpay-worker``; the rest call the
+handlers in-process through the loop's own ``Worker._run`` (same Outcome
+dispatch and fenced writes). ``Receiver`` is shared with
+test_webhooks_drain.py and test_webhooks_kill.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from support import base_env, script, wait_until
+from vpay import handlers, merchants, money, queue, webhooks
+from vpay.ids import new_id, new_rail_reference
+from vpay.loop import Worker, WorkerConfig
+from vpay.rails.port import StatusKind
+from vpay.signals import ShutdownSignals
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- a real receiver ----------------------------------------------------
+
+@dataclass
+class Reply:
+    """How the receiver answers one POST. ``hold``: seconds to sleep, or an
+    Event to wait for (at most 60 s), before answering. ``endless``: stream
+    a body until the client goes away."""
+
+    status: int = 200
+    headers: dict = field(default_factory=dict)
+    hold: float | threading.Event | None = None
+    body: bytes = b"ok"
+    endless: bool = False
+
+
+@dataclass
+class Posted:
+    path: str
+    headers: dict  # lower-case names
+    body: bytes    # the raw bytes, as received
+    at: float      # time.monotonic() when the request had been read
+
+
+class Receiver:
+    """A ThreadingHTTPServer on 127.0.0.1:0 recording every POST's raw body
+    and headers before answering as scripted per path (default: 200)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._posts: list[Posted] = []
+        self._scripts: dict[str, list[Reply]] = {}
+        self._events: list[threading.Event] = []
+        self.endless_bytes = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                path = self.path
+                with receiver._lock:
+                    receiver._posts.append(Posted(path, {k.lower(): v for k, v in self.headers.items()},
+                                                  body, time.monotonic()))
+                    script_ = receiver._scripts.get(path)
+                    reply = script_.pop(0) if script_ else Reply()
+                try:
+                    if isinstance(reply.hold, threading.Event):
+                        reply.hold.wait(60)
+                    elif reply.hold:
+                        time.sleep(reply.hold)
+                    self.send_response(reply.status)
+                    for k, v in reply.headers.items():
+                        self.send_header(k, v)
+                    if reply.endless:
+                        self.send_header("connection", "close")
+                        self.end_headers()
+                        chunk = b"x" * 65536
+                        while receiver.endless_bytes < 200 * 2**20:
+                            self.wfile.write(chunk)
+                            receiver.endless_bytes += len(chunk)
+                        return
+                    self.send_header("content-length", str(len(reply.body)))
+                    self.end_headers()
+                    self.wfile.write(reply.body)
+                except OSError:
+                    pass  # the worker went away (killed, timed out): that is the test
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.block_on_close = False
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def script(self, path: str, *replies: Reply) -> None:
+        with self._lock:
+            self._scripts[path] = list(replies)
+            self._events += [r.hold for r in replies if isinstance(r.hold, threading.Event)]
+
+    def posts(self, path: str | None = None) -> list[Posted]:
+        with self._lock:
+            return [p for p in self._posts if path is None or p.path == path]
+
+    def wait_posts(self, path: str, n: int, timeout: float = 30.0) -> list[Posted]:
+        wait_until(lambda: len(self.posts(path)) >= n, timeout, what=f"{n} POST(s) to {path}")
+        return self.posts(path)
+
+    def close(self) -> None:
+        for ev in self._events:
+            ev.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    rx = Receiver()
+    yield rx
+    rx.close()
+
+
+# ---- helpers --------------------------------------------------------------
+
+def make_payment(db, merchant: str, amount: int = 1050) -> str:
+    """A processing intent with a pending charge, inserted directly (no rail,
+    no poll job). Answers the charge id."""
+    intent_id, charge_id = new_id("pi"), new_id("ch")
+    db.execute("INSERT INTO payment_intents (id, merchant_id, amount, currency, status) "
+               "VALUES (%s, %s, %s, 'EUR', 'processing')", (intent_id, merchant, amount))
+    db.execute("INSERT INTO charges (id, payment_intent_id, rail, rail_reference, payer, amount, "
+               "currency) VALUES (%s, %s, 'mtn', %s, '46733123453', %s, 'EUR')",
+               (charge_id, intent_id, new_rail_reference(), amount))
+    return charge_id
+
+
+def settle(db, charge_id: str) -> str:
+    """Settle the charge as succeeded (event + fanout job); answer the event id."""
+    assert money.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
+    return db.execute("SELECT e.id FROM events e JOIN charges c ON c.payment_intent_id = "
+                      "e.payment_intent_id WHERE c.id = %s AND e.type = 'payment_intent.succeeded'",
+                      (charge_id,)).fetchone()[0]
+
+
+def endpoint(db, merchant: str, url: str) -> dict:
+    merchants.create_merchant(db, merchant)
+    return webhooks.add_endpoint(db, merchant, url, permit_private=True)
+
+
+def worker_env(db_url: str, **extra: str) -> dict:
+    return base_env(db_url, VPAY_WEBHOOKS_ALLOW_PRIVATE="1", **extra)
+
+
+def start_worker(spawn, db_url, *args: str, **env: str):
+    return spawn("vpay-worker", "--idle-sleep", "0.1", *args, env=worker_env(db_url, **env))
+
+
+def deliver_job(db, endpoint_id: str | None = None):
+    """``(attempts, leased, due_in_seconds, last_error)`` of the deliver job, or None."""
+    sql = ("SELECT attempts, locked_by IS NOT NULL, EXTRACT(EPOCH FROM run_at - now())::float8, "
+           "last_error FROM jobs WHERE kind = 'deliver'")
+    params: tuple = ()
+    if endpoint_id:
+        sql += " AND payload ->> 'endpoint_id' = %s"
+        params = (endpoint_id,)
+    return db.execute(sql, params).fetchone()
+
+
+def webhook_jobs(db) -> int:
+    return db.execute("SELECT count(*) FROM jobs WHERE kind IN ('fanout', 'deliver')").fetchone()[0]
+
+
+def verify(secret: str, posted: Posted) -> dict:
+    return Webhook(secret).verify(posted.body, posted.headers)
+
+
+def run_queue(pool, db, wid: str = "t1") -> Worker:
+    """Run every due job in-process through the loop's dispatch until none is due."""
+    ctx = handlers.Context(pool=pool, worker_id=wid)
+    w = Worker(pool, ctx, WorkerConfig(worker_id=wid, concurrency=1), ShutdownSignals())
+    while (job := queue.claim(db, wid)) is not None:
+        w._run(job)
+    return w
+
+
+def stop(proc, expect: int = 0) -> None:
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == expect, proc.text()[-3000:]
+
+
+# ---- end to end, against vpay-worker ------------------------------------
+
+def test_settled_payment_reaches_both_endpoints_of_its_merchant_signed(db, db_url, spawn, receiver):
+    a = endpoint(db, "m1", receiver.url("/a"))
+    b = endpoint(db, "m1", receiver.url("/b"))
+    endpoint(db, "m2", receiver.url("/c"))
+    charge_id = make_payment(db, "m1")
+    event_id = settle(db, charge_id)
+
+    worker = start_worker(spawn, db_url)
+    receiver.wait_posts("/a", 1)
+    receiver.wait_posts("/b", 1)
+    wait_until(lambda: webhook_jobs(db) == 0, what="fan-out and deliveries finished")
+
+    assert receiver.posts("/c") == []  # the other merchant's endpoint
+    for ep, path in ((a, "/a"), (b, "/b")):
+        [posted] = receiver.posts(path)
+        assert posted.headers["webhook-id"] == event_id
+        assert posted.headers["content-type"] == "application/json"
+        doc = verify(ep["secret"], posted)  # on the raw bytes, with the library
+        assert doc["id"] == event_id and doc["type"] == "payment_intent.succeeded"
+        assert set(doc) == {"id", "type", "created", "data"}
+        assert doc["data"]["object"]["status"] == "succeeded"
+        assert doc["data"]["charge"]["id"] == charge_id
+        tampered = bytearray(posted.body)
+        tampered[len(tampered) // 2] ^= 0x01  # one byte changed
+        with pytest.raises(WebhookVerificationError):
+            Webhook(ep["secret"]).verify(bytes(tampered), posted.headers)
+    with pytest.raises(WebhookVerificationError):  # each endpoint has its own secret
+        verify(b["secret"], receiver.posts("/a")[0])
+    rows = db.execute("SELECT endpoint_id, status, attempts, last_status_code FROM webhook_deliveries "
+                      "ORDER BY endpoint_id").fetchall()
+    assert sorted(rows) == sorted([(a["id"], "delivered", 1, 200), (b["id"], "delivered", 1, 200)])
+    stop(worker)
+    assert len(receiver.posts("/a")) == 1 and len(receiver.posts("/b")) == 1
+
+
+def test_500_twice_then_200_is_three_attempts_then_done(db, db_url, spawn, receiver):
+    ep = endpoint(db, "m1", receiver.url("/a"))
+    receiver.script("/a", Reply(500, body=b"boom"), Reply(500), Reply(200))
+    event_id = settle(db, make_payment(db, "m1"))
+    worker = start_worker(spawn, db_url)
+
+    expected_rung = {1: (4.0, 6.0), 2: (260.0, 340.0)}  # 5 s and 5 min, ±10 % jitter
+    for attempt in (1, 2):
+        receiver.wait_posts("/a", attempt)
+        row = wait_until(lambda: (r := deliver_job(db)) and r[0] == attempt and not r[1] and r[2] > 1 and r,
+                         what=f"attempt {attempt} rescheduled")
+        low, high = expected_rung[attempt]
+        assert low <= row[2] <= high, row
+        assert "HTTP 500" in row[3]
+        db.execute("UPDATE jobs SET run_at = now() WHERE kind = 'deliver'")  # move time, not wait
+    receiver.wait_posts("/a", 3)
+    wait_until(lambda: deliver_job(db) is None, what="delivery done")
+
+    posts = receiver.posts("/a")
+    assert len(posts) == 3
+    assert {p.headers["webhook-id"] for p in posts} == {event_id}
+    assert all(verify(ep["secret"], p)["id"] == event_id for p in posts)
+    assert db.execute("SELECT status, attempts, last_status_code FROM webhook_deliveries").fetchone() \
+        == ("delivered", 3, 200)
+    assert worker.find("webhook delivery failed; will retry", attempts=2, status_code=500)
+    assert worker.find("webhook delivered", attempts=3, status_code=200)
+    stop(worker)
+
+
+def test_410_disables_the_endpoint_and_later_events_skip_it(db, db_url, spawn, receiver):
+    ep = endpoint(db, "m1", receiver.url("/a"))
+    receiver.script("/a", Reply(410))
+    settle(db, make_payment(db, "m1"))
+    worker = start_worker(spawn, db_url)
+    receiver.wait_posts("/a", 1)
+    wait_until(lambda: webhook_jobs(db) == 0, what="delivery ended")
+
+    enabled, reason = db.execute("SELECT enabled, disabled_reason FROM webhook_endpoints WHERE id = %s",
+                                 (ep["id"],)).fetchone()
+    assert enabled is False and "410" in reason
+    assert db.execute("SELECT status FROM webhook_deliveries").fetchone() == ("gone",)
+
+    settle(db, make_payment(db, "m1"))  # a later event: fanned out to nobody
+    wait_until(lambda: webhook_jobs(db) == 0, what="second fan-out done")
+    assert db.execute("SELECT count(*) FROM webhook_deliveries").fetchone() == (1,)
+    assert len(receiver.posts("/a")) == 1
+    stop(worker)
+
+
+def test_retry_after_2_on_503_is_honoured(db, db_url, spawn, receiver):
+    ep = endpoint(db, "m1", receiver.url("/a"))
+    receiver.script("/a", Reply(503, {"Retry-After": "2"}), Reply(200))
+    settle(db, make_payment(db, "m1"))
+    worker = start_worker(spawn, db_url)
+    first = receiver.wait_posts("/a", 1)[0]
+    row = wait_until(lambda: (r := deliver_job(db)) and not r[1] and r, what="rescheduled")
+    assert "HTTP 503, Retry-After 2 s" in row[3] and row[2] >= 1.0
+    second = receiver.wait_posts("/a", 2, timeout=30)[1]  # no time moved: the worker waits itself
+    assert second.at - first.at >= 2.0
+    wait_until(lambda: deliver_job(db) is None, what="delivered")
+    assert verify(ep["secret"], second)["id"] == first.headers["webhook-id"]
+    stop(worker)
+
+
+def test_a_hanging_receiver_times_out_retries_and_does_not_block_the_worker(db, db_url, spawn, receiver):
+    hang = threading.Event()  # set only at teardown: the receiver never answers the first POST
+    receiver.script("/slow", Reply(hold=hang), Reply(200))
+    slow = endpoint(db, "m1", receiver.url("/slow"))
+    endpoint(db, "m2", receiver.url("/fast"))
+    settle(db, make_payment(db, "m1"))
+    worker = start_worker(spawn, db_url, "--worker-concurrency", "1",
+                          VPAY_WEBHOOK_READ_TIMEOUT_SECONDS="1")
+    first = receiver.wait_posts("/slow", 1)[0]
+    settle(db, make_payment(db, "m2"))  # queued behind the hanging POST on the only claim loop
+
+    fast = receiver.wait_posts("/fast", 1, timeout=15)[0]
+    assert fast.at - first.at < 1.0 + 3.0  # the read timeout, plus fan-out and claims
+    row = wait_until(lambda: (r := deliver_job(db, slow["id"])) and not r[1] and r,
+                     what="the hanging delivery rescheduled")
+    assert row[0] == 1 and "timeout" in row[3] and row[2] > 1
+    db.execute("UPDATE jobs SET run_at = now() WHERE kind = 'deliver'")
+    second = receiver.wait_posts("/slow", 2)[1]
+    wait_until(lambda: webhook_jobs(db) == 0, what="retried delivery done")
+    assert second.headers["webhook-id"] == first.headers["webhook-id"]
+    assert verify(slow["secret"], second)
+    stop(worker)
+
+
+# ---- endpoints and the URL policy ---------------------------------------
+
+@pytest.fixture
+def no_dev_flag(monkeypatch):
+    monkeypatch.delenv(webhooks.ALLOW_PRIVATE_ENV, raising=False)
+
+
+@pytest.fixture
+def dev_flag(monkeypatch):
+    monkeypatch.setenv(webhooks.ALLOW_PRIVATE_ENV, "1")
+
+
+def _resolver(monkeypatch, *answers: str) -> None:
+    monkeypatch.setattr(webhooks, "resolve_host", lambda host, port: list(answers))
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://example.com/hook", "https"),
+    ("https://127.0.0.1/hook", "loopback"),
+    ("https://10.1.2.3/hook", "private"),
+    ("https://192.168.0.10:8443/hook", "private"),
+    ("https://100.64.0.1/hook", "private"),
+    ("https://169.254.169.254/latest/meta-data", "link-local"),
+    ("https://[::1]/hook", "loopback"),
+    ("https://[fd00::1]/hook", "private"),
+    ("https://[::ffff:127.0.0.1]/hook", "loopback"),
+    ("https://0.0.0.0/hook", "unspecified"),
+    ("https://224.0.0.1/hook", "multicast"),
+    ("https://user:pw@example.com/hook", "credentials"),
+    ("ftp://example.com/hook", "scheme"),
+    ("https:///hook", "host"),
+])
+def test_refused_urls_at_registration(db, no_dev_flag, monkeypatch, url, why):
+    merchants.create_merchant(db, "m1")
+    _resolver(monkeypatch, "93.184.216.34")
+    with pytest.raises(webhooks.UrlRefused, match=why):
+        webhooks.add_endpoint(db, "m1", url)
+    assert db.execute("SELECT count(*) FROM webhook_endpoints").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("answers, why", [
+    (["127.0.0.1"], "loopback"),
+    (["93.184.216.34", "10.0.0.7"], "private"),  # any refused address refuses the name
+    (["2606:4700::1111", "fe80::1"], "link-local"),
+    (["64:ff9b::a00:1"], "private"),  # NAT64 of 10.0.0.1
+])
+def test_names_resolving_to_refused_addresses_are_refused(db, no_dev_flag, monkeypatch, answers, why):
+    merchants.create_merchant(db, "m1")
+    _resolver(monkeypatch, *answers)
+    with pytest.raises(webhooks.UrlRefused, match=why):
+        webhooks.add_endpoint(db, "m1", "https://hooks.example.test/vpay")
+
+
+def test_public_https_is_accepted_and_dev_flag_allows_http_loopback_only(db, monkeypatch):
+    merchants.create_merchant(db, "m1")
+    _resolver(monkeypatch, "93.184.216.34", "2606:4700::1111")
+    monkeypatch.delenv(webhooks.ALLOW_PRIVATE_ENV, raising=False)
+    ep = webhooks.add_endpoint(db, "m1", "https://hooks.example.test/vpay?x=1")
+    assert ep["secret"].startswith("whsec_") and ep["id"].startswith("we_")
+    Webhook(ep["secret"])  # a valid Standard Webhooks secret
+    monkeypatch.setenv(webhooks.ALLOW_PRIVATE_ENV, "1")
+    webhooks.add_endpoint(db, "m1", "http://127.0.0.1:8080/hook")
+    webhooks.add_endpoint(db, "m1", "http://10.0.0.5/hook")
+    for still_refused in ("http://169.254.169.254/", "http://0.0.0.0:8080/", "http://[ff02::1]/"):
+        with pytest.raises(webhooks.UrlRefused):
+            webhooks.add_endpoint(db, "m1", still_refused)
+    with pytest.raises(LookupError):
+        webhooks.add_endpoint(db, "nobody", "http://127.0.0.1/hook")
+    assert [e["url"] for e in webhooks.list_endpoints(db, "m1")] == [
+        "https://hooks.example.test/vpay?x=1", "http://127.0.0.1:8080/hook", "http://10.0.0.5/hook"]
+
+
+def _cli(db_url, *args, **env):
+    return subprocess.run([script("vpay-server"), "webhooks", *args], env=base_env(db_url, **env),
+                          capture_output=True, text=True, timeout=60)
+
+
+def _json_out(stdout: str):
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line in ("{", "["))
+    return json.loads("\n".join(lines[start:]))
+
+
+def test_cli_add_list_disable_enable_rotate(db, db_url):
+    merchants.create_merchant(db, "m1")
+    refused = _cli(db_url, "add", "--merchant", "m1", "--url", "http://127.0.0.1:9/hook")
+    assert refused.returncode == 2 and "https" in refused.stderr
+    refused = _cli(db_url, "add", "--merchant", "m1", "--url", "https://127.0.0.1:9/hook")
+    assert refused.returncode == 2 and "loopback" in refused.stderr
+    assert db.execute("SELECT count(*) FROM webhook_endpoints").fetchone() == (0,)
+    unknown = _cli(db_url, "add", "--merchant", "nobody", "--url", "http://127.0.0.1:9/hook",
+                   VPAY_WEBHOOKS_ALLOW_PRIVATE="1")
+    assert unknown.returncode == 2 and "unknown merchant" in unknown.stderr
+
+    added = _cli(db_url, "add", "--merchant", "m1", "--url", "http://127.0.0.1:9/hook",
+                 VPAY_WEBHOOKS_ALLOW_PRIVATE="1")
+    assert added.returncode == 0, added.stderr
+    ep = _json_out(added.stdout)
+    assert ep["secret"].startswith("whsec_") and ep["merchant_id"] == "m1"
+    stored = db.execute("SELECT secret FROM webhook_endpoints WHERE id = %s", (ep["id"],)).fetchone()[0]
+    assert stored == ep["secret"]
+
+    listed = _cli(db_url, "list", "--merchant", "m1")
+    assert listed.returncode == 0 and "whsec_" not in listed.stdout
+    assert [e["id"] for e in _json_out(listed.stdout)] == [ep["id"]]
+
+    disabled = _cli(db_url, "disable", ep["id"])
+    assert disabled.returncode == 0 and _json_out(disabled.stdout)["enabled"] is False
+    assert _json_out(_cli(db_url, "enable", ep["id"]).stdout)["enabled"] is True
+    assert _cli(db_url, "disable", "we_nope").returncode == 1
+
+    rotated = _cli(db_url, "rotate-secret", ep["id"])
+    assert rotated.returncode == 0
+    new = _json_out(rotated.stdout)
+    assert new["secret"].startswith("whsec_") and new["secret"] != ep["secret"]
+    assert new["previous_secret_expires_at"] is not None
+    row = db.execute("SELECT secret, previous_secret FROM webhook_endpoints").fetchone()
+    assert row == (new["secret"], ep["secret"])
+    for proc in (added, listed, disabled, rotated):  # secrets go to stdout only, never to the log
+        assert "whsec_" not in proc.stderr
+        assert not re.search(r'"(level|logger)".*whsec_', proc.stdout)
+
+
+# ---- delivery in-process: the policy at delivery, pinning, TLS ----------
+
+class _ConnCounter:
+    """A TCP listener that counts accepted connections and answers nothing."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.accepted = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.accepted += 1
+                conn.close()
+            except OSError:
+                pass
+
+    @property
+    def port(self):
+        return self.sock.getsockname()[1]
+
+    def close(self):
+        self._stop.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+def test_dns_answer_changed_after_registration_is_refused_at_delivery(db, pool, no_dev_flag, monkeypatch):
+    counter = _ConnCounter()
+    try:
+        merchants.create_merchant(db, "m1")
+        _resolver(monkeypatch, "93.184.216.34")
+        ep = webhooks.add_endpoint(db, "m1", f"https://hooks.example.test:{counter.port}/vpay")
+        _resolver(monkeypatch, "127.0.0.1")  # the DNS answer now points into our network
+        settle(db, make_payment(db, "m1"))
+        run_queue(pool, db)
+        attempts, leased, due_in, last_error = deliver_job(db, ep["id"])
+        assert attempts == 1 and not leased and due_in > 1
+        assert "resolves to 127.0.0.1, a loopback address" in last_error
+        assert counter.accepted == 0  # not even a connection
+        assert db.execute("SELECT status FROM webhook_deliveries").fetchone() == ("pending",)
+    finally:
+        counter.close()
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(db, pool, receiver, dev_flag, monkeypatch):
+    # hooks.example.test exists in no DNS: the POST can only arrive if the
+    # worker connected to the address the policy resolved and checked.
+    _resolver(monkeypatch, "127.0.0.1")
+    ep = endpoint(db, "m1", f"http://hooks.example.test:{receiver.port}/pinned")
+    event_id = settle(db, make_payment(db, "m1"))
+    run_queue(pool, db)
+    [posted] = receiver.posts("/pinned")
+    assert posted.headers["host"] == f"hooks.example.test:{receiver.port}"
+    assert verify(ep["secret"], posted)["id"] == event_id
+    assert deliver_job(db) is None
+
+
+def test_an_endpoint_row_with_a_private_url_is_refused_at_delivery_without_the_flag(
+        db, pool, receiver, no_dev_flag):
+    merchants.create_merchant(db, "m1")
+    we = new_id("we")
+    db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret) VALUES (%s, 'm1', %s, %s)",
+               (we, receiver.url("/a"), webhooks.new_secret()))
+    settle(db, make_payment(db, "m1"))
+    run_queue(pool, db)
+    assert receiver.posts() == []
+    parked, reason = db.execute("SELECT run_at = 'infinity', last_error FROM jobs "
+                                "WHERE kind = 'deliver'").fetchone()
+    assert parked and "https" in reason and "permanent" in reason
+    alert = db.execute("SELECT details FROM alerts WHERE kind = 'job_dead_lettered'").fetchone()[0]
+    assert alert["dedupe_key"].startswith("deliver:") and alert["dedupe_key"].endswith(we)
+    assert db.execute("SELECT status FROM webhook_deliveries").fetchone() == ("dead_lettered",)
+
+
+def _openssl_certs(tmp: Path, name: str) -> tuple[str, str, str]:
+    """A throwaway CA and a server certificate for ``name``: (ca, cert, key) paths."""
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp, timeout=60)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=vpay test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    run("req", *ec, "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", f"/CN={name}")
+    (tmp / "ext.cnf").write_text(f"subjectAltName=DNS:{name}\nbasicConstraints=CA:FALSE\n"
+                                 "extendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "leaf.pem", "-days", "2", "-extfile", "ext.cnf")
+    return str(tmp / "ca.pem"), str(tmp / "leaf.pem"), str(tmp / "leaf.key")
+
+
+def test_pinned_https_still_sends_sni_and_verifies_the_hostname(tmp_path, monkeypatch):
+    import ssl
+    ca, cert, key = _openssl_certs(tmp_path, "hooks.example.test")
+    sni: list[str | None] = []
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    ctx.sni_callback = lambda sock, name, _ctx: sni.append(name)
+    rx = Receiver()
+    rx.server.socket = ctx.wrap_socket(rx.server.socket, server_side=True)
+    try:
+        _resolver(monkeypatch, "127.0.0.1")
+        body = b'{"id":"evt_1"}'
+        headers = webhooks.signed_headers("evt_1", int(time.time()), body, [webhooks.new_secret()])
+        ok = webhooks.post(f"https://hooks.example.test:{rx.port}/tls", body, headers,
+                           connect_timeout=2, read_timeout=2, allow_private=True, verify=ca)
+        assert ok.status_code == 200, ok
+        assert sni == ["hooks.example.test"]
+        assert rx.posts("/tls")[0].headers["host"] == f"hooks.example.test:{rx.port}"
+        wrong = webhooks.post(f"https://other.example.test:{rx.port}/tls", body, headers,
+                              connect_timeout=2, read_timeout=2, allow_private=True, verify=ca)
+        assert wrong.status_code is None and "tls error" in wrong.error
+        assert len(rx.posts("/tls")) == 1
+    finally:
+        rx.close()
+
+
+# ---- delivery in-process: statuses, schedule, limits --------------------
+
+def test_fanout_is_idempotent_even_after_deliveries_finished(db, pool, receiver, dev_flag):
+    endpoint(db, "m1", receiver.url("/a"))
+    off = endpoint(db, "m1", receiver.url("/off"))
+    webhooks.disable_endpoint(db, off["id"], "test")
+    endpoint(db, "m2", receiver.url("/c"))
+    event_id = settle(db, make_payment(db, "m1"))
+    run_queue(pool, db)
+    assert len(receiver.posts("/a")) == 1 and receiver.posts("/off") == receiver.posts("/c") == []
+    assert webhook_jobs(db) == 0
+
+    queue.enqueue(db, "fanout", f"fanout:{event_id}", {"event_id": event_id})  # a re-run
+    run_queue(pool, db)
+    assert webhook_jobs(db) == 0 and len(receiver.posts("/a")) == 1
+    assert db.execute("SELECT count(*) FROM webhook_deliveries").fetchone() == (1,)
+
+
+def test_a_disabled_endpoints_pending_delivery_ends_unsent(db, pool, receiver, dev_flag, caplog):
+    ep = endpoint(db, "m1", receiver.url("/a"))
+    settle(db, make_payment(db, "m1"))
+    ctx = handlers.Context(pool=pool, worker_id="t1")
+    w = Worker(pool, ctx, WorkerConfig(worker_id="t1", concurrency=1), ShutdownSignals())
+    w._run(queue.claim(db, "t1"))  # the fan-out only
+    assert deliver_job(db, ep["id"]) is not None
+    webhooks.disable_endpoint(db, ep["id"], "disabled by an operator")
+    with caplog.at_level("INFO", logger="vpay.webhooks"):
+        w._run(queue.claim(db, "t1"))
+    assert deliver_job(db) is None and receiver.posts() == []
+    assert any(r.getMessage() == "webhook delivery ended: endpoint disabled" for r in caplog.records)
+    assert db.execute("SELECT status FROM webhook_deliveries").fetchone() == ("skipped",)
+
+
+@pytest.mark.parametrize("reply, low, high", [
+    (Reply(429, {"Retry-After": "120"}), 119.0, 121.0),   # above the 5 s rung: honoured
+    (Reply(503, {"Retry-After": "99999"}), 3599.0, 3601.0),  # bounded to an hour
+    (Reply(500, {"Retry-After": "120"}), 4.0, 6.0),        # only on 429/503
+    (Reply(429), 4.0, 6.0),                                  # no header: the schedule
+])
+def test_retry_after_bounds(db, pool, receiver, dev_flag, reply, low, high):
+    endpoint(db, "m1", receiver.url("/a"))
+    receiver.script("/a", reply)
+    settle(db, make_payment(db, "m1"))
+    run_queue(pool, db)
+    attempts, _, due_in, _ = deliver_job(db)
+    assert attempts == 1 and low <= due_in <= high
+
+
+def test_redirects_are_not_followed(db, pool, receiver, dev_flag):
+    endpoint(db, "m1", receiver.url("/a"))
+    receiver.script("/a", Reply(302, {"Location": receiver.url("/b")}))
+    settle(db, make_payment(db, "m1"))
+    run_queue(pool, db)
+    assert receiver.posts("/b") == []
+    assert "HTTP 302" in deliver_job(db)[3]
+
+
+def test_the_tenth_failure_is_dead_lettered_with_an_alert(db, pool, receiver, dev_flag):
+    endpoint(db, "m1", receiver.url("/a"))
+    receiver.script("/a", Reply(500))
+    settle(db, make_payment(db, "m1"))
+    ctx = handlers.Context(pool=pool, worker_id="t1")
+    w = Worker(pool, ctx, WorkerConfig(worker_id="t1", concurrency=1), ShutdownSignals())
+    w._run(queue.claim(db, "t1"))  # fan-out
+    db.execute("UPDATE jobs SET attempts = %s WHERE kind = 'deliver'", (webhooks.MAX_ATTEMPTS - 1,))
+    w._run(queue.claim(db, "t1"))  # attempt number 10
+    parked, reason = db.execute("SELECT run_at = 'infinity', last_error FROM jobs").fetchone()
+    assert parked and "gave up after 10 attempts" in reason and "HTTP 500" in reason
+    assert db.execute("SELECT count(*) FROM alerts WHERE kind = 'job_dead_lettered'").fetchone() == (1,)
+    assert db.execute("SELECT status, attempts FROM webhook_deliveries").fetchone() == ("dead_lettered", 10)
+
+
+def test_the_response_body_is_read_at_most_64_kib(db, pool, receiver, dev_flag):
+    endpoint(db, "m1", receiver.url("/a"))
+    receiver.script("/a", Reply(200, endless=True))
+    settle(db, make_payment(db, "m1"))
+    started = time.monotonic()
+    run_queue(pool, db)
+    assert deliver_job(db) is None  # delivered: the endless body did not hold the worker
+    assert time.monotonic() - started < 10
+    wait_until(lambda: receiver.endless_bytes > 0, what="the receiver streaming")
+    assert receiver.endless_bytes < 200 * 2**20  # it stopped because we hung up
+
+
+def test_a_dribbling_receiver_is_cut_at_the_attempt_deadline():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    stop_ = threading.Event()
+
+    def dribble():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 12:  # 30 bytes: about 9 s
+            if stop_.wait(0.3):
+                break
+            try:
+                conn.send(bytes([byte]))
+            except OSError:
+                break
+        conn.close()
+
+    t = threading.Thread(target=dribble, daemon=True)
+    t.start()
+    try:
+        started = time.monotonic()
+        got = webhooks.post(f"http://127.0.0.1:{listener.getsockname()[1]}/", b"{}", {},
+                            connect_timeout=1, read_timeout=1, allow_private=True)
+        took = time.monotonic() - started
+        # each byte came well within the 1 s read timeout; the whole attempt is cut at 1 + 2 x 1 s
+        assert got.status_code is None and "deadline" in got.error
+        assert 2.5 < took < 5.0
+    finally:
+        stop_.set()
+        listener.close()
+
+
+def test_secret_rotation_signs_with_both_secrets_during_the_overlap(db, pool, receiver, dev_flag):
+    ep = endpoint(db, "m1", receiver.url("/a"))
+    rotated = webhooks.rotate_secret(db, ep["id"], overlap_seconds=3600)
+    settle(db, make_payment(db, "m1"))
+    run_queue(pool, db)
+    posted = receiver.posts("/a")[0]
+    assert len(posted.headers["webhook-signature"].split(" ")) == 2
+    verify(ep["secret"], posted)       # the receiver still on the old secret
+    verify(rotated["secret"], posted)  # or already on the new one
+
+    newest = webhooks.rotate_secret(db, ep["id"], overlap_seconds=0)  # revoke at once
+    settle(db, make_payment(db, "m1"))
+    run_queue(pool, db)
+    posted = receiver.posts("/a")[1]
+    assert len(posted.headers["webhook-signature"].split(" ")) == 1
+    verify(newest["secret"], posted)
+    with pytest.raises(WebhookVerificationError):
+        verify(rotated["secret"], posted)
+
+
+def test_the_guides_python_snippet_verifies_a_real_delivery(db, pool, receiver, dev_flag, monkeypatch):
+    text = (ROOT / "docs" / "webhooks.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    ep = endpoint(db, "m1", receiver.url("/a"))
+    event_id = settle(db, make_payment(db, "m1"))
+    run_queue(pool, db)
+    posted = receiver.posts("/a")[0]
+    monkeypatch.setenv("VPAY_WEBHOOK_SECRET", ep["secret"])
+    ns: dict = {"__name__": "merchant_receiver"}
+    exec(compile(snippet, "docs/webhooks.md", "exec"), ns)  # noqa: S102 - our own document
+    assert ns["handle"](posted.body, posted.headers) == 200
+    assert ns["handle"](posted.body, posted.headers) == 200  # a redelivery is acknowledged
+    assert ns["seen_event_ids"] == {event_id}
+    assert ns["handle"](posted.body.replace(b"succeeded", b"succeedeD"), posted.headers) == 400
+
+
+# ---- pure rules -----------------------------------------------------------
+
+def test_retry_schedule_spans_about_three_days_with_jitter():
+    import random
+    assert webhooks.MAX_ATTEMPTS == 10
+    base = webhooks.RETRY_SCHEDULE
+    assert list(base) == sorted(base) and base[0] == 5 and base[-1] == 86400
+    assert 2.5 * 86400 < sum(base) < 3.5 * 86400
+    rng = random.Random(7)
+    for attempt in range(1, 10):
+        delays = [webhooks.retry_delay(attempt, rng) for _ in range(200)]
+        assert all(0.9 * base[attempt - 1] <= d <= 1.1 * base[attempt - 1] for d in delays)
+        assert len(set(delays)) > 100  # jittered
+    assert webhooks.retry_delay(10) is None
+    with pytest.raises(ValueError):
+        webhooks.retry_delay(0)
+
+
+def test_decide_follows_the_status_rules():
+    A = webhooks.Attempt
+    assert webhooks.decide(A(204), 1).action == "delivered"
+    assert webhooks.decide(A(410), 3).action == "gone"
+    assert webhooks.decide(A(None, error="refused: x", permanent=True), 1).action == "give_up"
+    assert webhooks.decide(A(None, error="timeout: no response within 15 s"), 1).action == "retry"
+    assert webhooks.decide(A(301), 1).action == "retry"
+    assert webhooks.decide(A(429, retry_after=1.0), 9).delay >= 0.9 * 86400  # never below the rung
+    assert webhooks.decide(A(503, retry_after=1.0), 10).action == "give_up"
+
+
+def test_parse_retry_after():
+    p = webhooks.parse_retry_after
+    assert p("120") == 120.0 and p(None) is None and p("soon") is None and p("-5") is None
+    assert p("Wed, 21 Oct 2015 07:28:30 GMT", "Wed, 21 Oct 2015 07:28:00 GMT") == 30.0
+    assert p("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+
+
+def test_timeouts_come_from_the_environment():
+    assert webhooks.timeouts({}) == (5.0, 15.0)
+    assert webhooks.timeouts({"VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS": "2",
+                              "VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "0.5"}) == (2.0, 0.5)
+    with pytest.raises(webhooks.ConfigError):
+        webhooks.timeouts({"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "fast"})
+    with pytest.raises(webhooks.ConfigError):
+        webhooks.timeouts({"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "0"})

@@ -1,0 +1,179 @@
+"""The WSGI app: one Falcon app for rail callbacks and the merchant API.
+
+``create_app(database_url, rail_for, settings)`` builds it without touching
+the database: the connection pool is made on first use, in the process that
+uses it (psycopg_pool docs: never across a fork), so gunicorn can load the
+app in its arbiter or in each worker alike. Routes:
+
+    POST|PUT /provider/{code}/callback   callbacks.CallbackResource (hints only)
+    POST     /v1/payment_intents         intents.IntentsResource
+    GET      /v1/payment_intents/{id}    intents.IntentResource
+    GET      /healthz                    200 when the database answers, else 503
+    GET      /openapi.json               the OpenAPI 3.1 document (openapi.DOCUMENT)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import falcon
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ..rails.port import Rail
+from ..settings import Settings
+from . import errors
+from .auth import MerchantAuth
+from .wire import answer
+
+log = logging.getLogger("vpay.api")
+access_log = logging.getLogger("vpay.api.access")
+
+POOL_MAX = 4
+"""Connections per gunicorn worker process. Each request holds at most one
+at a time, so ``--threads`` up to this never waits on the pool."""
+
+
+class Database:
+    """The per-process pool, made lazily. ``connection()`` yields an
+    autocommit connection or raises ``ApiError`` 503 after ``timeout``
+    seconds when the database does not answer."""
+
+    def __init__(self, url: str, *, max_size: int = POOL_MAX, timeout: float = 5.0):
+        self.url = url
+        self.max_size = max_size
+        self.timeout = timeout
+        self._pool: ConnectionPool | None = None
+        self._lock = threading.Lock()
+
+    def pool(self) -> ConnectionPool:
+        """The pool, created on first call. min_size 0: opening never waits for
+        the database, so a process started while Postgres is down still serves
+        /healthz (503) and recovers when it is back."""
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    from ..db import make_pool
+                    self._pool = make_pool(self.url, max_size=self.max_size, min_size=0,
+                                           name="vpay-api", timeout=self.timeout)
+        return self._pool
+
+    @contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection]:
+        try:
+            with self.pool().connection(timeout=self.timeout if timeout is None else timeout) as conn:
+                yield conn
+        except PoolTimeout:
+            log.warning("database unavailable: no connection within the timeout")
+            raise errors.unavailable() from None
+
+    def ping(self, timeout: float) -> bool:
+        """Whether the database answers ``SELECT 1`` within about ``timeout`` s."""
+        try:
+            with self.pool().connection(timeout=timeout) as conn:
+                conn.execute("SELECT 1").fetchone()
+            return True
+        except (PoolTimeout, psycopg.Error):
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+
+class Rails:
+    """Rail adapters by code, built on first use and shared by threads."""
+
+    def __init__(self, factory: Callable[[str], Rail]):
+        self._factory = factory
+        self._rails: dict[str, Rail] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, code: str) -> Rail:
+        with self._lock:
+            if code not in self._rails:
+                self._rails[code] = self._factory(code)
+            return self._rails[code]
+
+
+class Health:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if self.db.ping(timeout=2.0):
+            answer(resp, 200, {"status": "ok", "database": "ok"})
+        else:
+            answer(resp, 503, {"status": "unavailable", "database": "unreachable"},
+                   {"Retry-After": "1"})
+
+
+class OpenApi:
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        from .openapi import DOCUMENT
+        answer(resp, 200, DOCUMENT)
+
+
+class AccessLog:
+    """One JSON line per request: method, route template (never the query
+    string or a header), status, milliseconds."""
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.started = time.monotonic()
+
+    def process_response(self, req, resp, resource, req_succeeded) -> None:
+        started = getattr(req.context, "started", None)
+        access_log.info("request", extra={
+            "method": req.method, "route": req.uri_template or "(no route)",
+            "status": resp.status_code,
+            "ms": round((time.monotonic() - started) * 1000, 1) if started else None})
+
+
+def _on_database_error(req, resp, exc, params) -> None:
+    log.error("database error", extra={"error": type(exc).__name__, "route": req.uri_template})
+    raise errors.unavailable()
+
+
+def _on_unexpected(req, resp, exc, params) -> None:
+    if isinstance(exc, falcon.HTTPError):  # ours and Falcon's: the serializer answers
+        raise exc
+    log.error("unhandled error", exc_info=exc, extra={"route": req.uri_template})
+    raise errors.internal()
+
+
+class ApiApp(falcon.App):
+    """``falcon.App`` with the process's ``Database`` as ``vpay_db``."""
+
+    vpay_db: Database
+
+
+def create_app(database_url: str, rail_for: Callable[[str], Rail], settings: Settings | None = None,
+               *, db_timeout: float = 5.0) -> ApiApp:
+    """The app. ``rail_for(code)`` builds a rail adapter (``vpay.rails.build_rail``
+    in production); it is called at most once per code. ``app.vpay_db`` is
+    the ``Database`` (``close()`` it when done)."""
+    from .callbacks import CallbackResource
+    from .intents import IntentResource, IntentsResource
+
+    db = Database(database_url, timeout=db_timeout)
+    rails = Rails(rail_for)
+    settings = settings or Settings()
+    app = ApiApp(middleware=[AccessLog(), MerchantAuth(db)])
+    app.req_options.strip_url_path_trailing_slash = False
+    app.set_error_serializer(errors.serialize)
+    app.add_error_handler(Exception, _on_unexpected)
+    app.add_error_handler(psycopg.OperationalError, _on_database_error)
+
+    app.add_route("/provider/{code}/callback", CallbackResource(db, rails))
+    app.add_route("/v1/payment_intents", IntentsResource(db, rails, settings))
+    app.add_route("/v1/payment_intents/{intent_id}", IntentResource(db))
+    app.add_route("/healthz", Health(db))
+    app.add_route("/openapi.json", OpenApi())
+    app.vpay_db = db
+    return app

@@ -1,0 +1,110 @@
+"""``POST|PUT /provider/{code}/callback``: a rail's callback is a hint, never
+a fact (design page, "Callbacks are hints").
+
+The adapter's ``parse_callback`` yields identifiers only (``CallbackIds`` has
+no status field) and this module reads nothing else: the body's ``status``
+is never looked at. The reference is the ``ref`` query parameter we put in
+the ``X-Callback-Url`` we gave the rail. Then, for the charge it names:
+
+* its poll job is parked further out than the ladder's first rung (10 s),
+  unleased and not dead-lettered → ``run_at = now()`` (pulled forward);
+* it has no poll job (e.g. it is terminal) → one is enqueued, due now
+  (``ON CONFLICT DO NOTHING``); for a terminal charge that poll makes one
+  verification read (``vpay.handlers.poll``);
+* otherwise (leased, dead-lettered, due within 10 s) → nothing.
+
+One rule beyond the design page, in the same spirit ("an unauthenticated
+caller cannot spend a rail request on a poll that was about to happen
+anyway"): a charge whose status was read within the last 10 s
+(``charges.last_polled_at``) is left alone too, so that a callback arriving
+just after the worker's read, or a second callback, cannot buy another read.
+
+Only ``jobs`` is ever written: no charge, intent or event. The answer is
+202 with the same bytes and headers whether or not the reference names a
+charge (no oracle for "does this charge exist"); a miss is logged at info.
+Unknown ``{code}`` → 404; unreadable input → 400 with a generic message;
+a body over 64 KiB → 413, unread.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import falcon
+import psycopg
+from psycopg.rows import dict_row
+
+from .. import queue
+from ..money import FIRST_POLL_SECONDS
+from ..queries import Q
+from ..rails import KNOWN_RAILS
+from ..rails.port import MalformedCallback, RailError
+from .errors import dump, invalid, not_found
+from .wire import MAX_BODY_BYTES, answer, read_body
+
+log = logging.getLogger("vpay.api.callbacks")
+
+ACCEPTED_BODY = dump({"received": True})
+"""The one answer to every readable callback, hit or miss."""
+
+
+def apply_hint(conn: psycopg.Connection, rail: str, reference: str,
+               spacing: float = FIRST_POLL_SECONDS) -> tuple[str | None, str]:
+    """Act on a callback's reference: ``(charge_id or None, action)`` where
+    action is ``unknown_reference``, ``pulled_forward``, ``enqueued``,
+    ``polled_recently``, ``leased``, ``dead_lettered``, ``due_soon`` or
+    ``raced`` (the job changed between the read and the write). Writes only
+    ``jobs`` (see the module docstring for the rule)."""
+    params = {"rail": rail, "reference": reference, "spacing": float(spacing)}
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute(Q["callback_find_charge"], params).fetchone()
+    if found is None:
+        return None, "unknown_reference"
+    charge_id = found["id"]
+    if found["polled_recently"]:
+        return charge_id, "polled_recently"
+    if found["job_id"] is None:
+        enqueued = queue.enqueue(conn, "poll", f"poll:{charge_id}", {"charge_id": charge_id})
+        return charge_id, "enqueued" if enqueued else "raced"
+    for flag in ("leased", "dead_lettered", "due_soon"):
+        if found[flag]:
+            return charge_id, flag
+    pulled = conn.execute(Q["callback_pull_forward"],
+                          {"charge_id": charge_id, "spacing": float(spacing)}).fetchone()
+    return charge_id, "pulled_forward" if pulled else "raced"
+
+
+class CallbackResource:
+    def __init__(self, db, rails):
+        self.db = db
+        self.rails = rails
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, code: str) -> None:
+        if code not in KNOWN_RAILS:
+            raise not_found("Unknown rail.")
+        try:
+            rail = self.rails(code)
+        except RailError:
+            log.error("callback for a rail that is not configured", extra={"rail": code})
+            raise not_found("Unknown rail.") from None
+        body = read_body(req, MAX_BODY_BYTES)
+        query = {k: v for k, v in req.params.items()}
+        try:
+            ids = rail.parse_callback(query, body)
+        except (MalformedCallback, ValueError, RecursionError):
+            # Generic on purpose: which part was wrong is in our log, not the answer.
+            log.info("unreadable callback", extra={"rail": code, "bytes": len(body)})
+            raise invalid("callback_unreadable", "The callback could not be read.") from None
+        with self.db.connection() as conn:
+            charge_id, action = apply_hint(conn, code, ids.rail_reference)
+        if charge_id is None:
+            log.info("callback for an unknown reference",
+                     extra={"rail": code, "rail_reference": ids.rail_reference,
+                            "hints": dict(ids.hints)})
+        else:
+            log.info("callback hint", extra={"rail": code, "rail_reference": ids.rail_reference,
+                                             "charge_id": charge_id, "action": action,
+                                             "hints": dict(ids.hints)})
+        answer(resp, 202, ACCEPTED_BODY)
+
+    on_put = on_post
