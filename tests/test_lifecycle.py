@@ -126,14 +126,19 @@ def test_prompt_expiry_happens_exactly_once_across_restarts_and_two_workers(db, 
     assert created["payment_intent"]["next_action"]["type"] == "mobile_money_prompt"
     _age(db, charge_id, 16 * 60)  # past the 900 s TTL
     workers = [spawn("vpay-worker", "--idle-sleep", "0.05", env=base_env(db_url, **env)) for _ in range(2)]
+    for w in workers:
+        w.wait_for_log("worker started")
     with TimeMachine(db_url, interval=0.05):
         wait_until(lambda: _row(db, "SELECT attempts FROM jobs WHERE dedupe_key = %s", f"poll:{charge_id}")[0] >= 6,
                    timeout=60, what="six polls by two workers")
         for w in workers:
             w.signal()
             assert w.wait(30) == 0
+        before = _row(db, "SELECT attempts FROM jobs WHERE dedupe_key = %s", f"poll:{charge_id}")[0]
         restarted = spawn("vpay-worker", "--idle-sleep", "0.05", env=base_env(db_url, **env))
-        wait_until(lambda: _row(db, "SELECT attempts FROM jobs WHERE dedupe_key = %s", f"poll:{charge_id}")[0] >= 9,
+        restarted.wait_for_log("worker started")
+        wait_until(lambda: _row(db, "SELECT attempts FROM jobs WHERE dedupe_key = %s",
+                                f"poll:{charge_id}")[0] >= before + 3,
                    timeout=60, what="three more polls after a restart")
         restarted.signal()
         assert restarted.wait(30) == 0

@@ -56,12 +56,23 @@ def embedded_url(data_dir: str | os.PathLike) -> str:
     ``cleanup_mode='stop'``); a process killed with -9 leaves it running, and
     the next use reuses it.
     """
+    import fcntl
+
     import pgserver  # imported lazily: only the embedded default needs it
 
     logging.getLogger("pgserver").setLevel(logging.WARNING)
     root = Path(data_dir).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(root / "pgdata", cleanup_mode="stop")
+    # Several processes may start at once (a worker and the API, xdist
+    # workers): pgserver creates the data folder without exist_ok, so the
+    # first start is serialised on a lock file beside it.
+    with open(root / ".pgserver.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            (root / "pgdata").mkdir(exist_ok=True)
+            server = pgserver.get_server(root / "pgdata", cleanup_mode="stop")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
     return server.get_uri()
 
 
