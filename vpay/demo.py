@@ -2,10 +2,14 @@
 
 It starts the sandbox MoMo rail on a free loopback port, makes a fresh
 ``vpay_demo`` database on the embedded Postgres (or on the server of
-``VPAY_DATABASE_URL``; it never writes into that URL's own database),
-creates a batch of payments across the sandbox's behaviours, runs the real
-``vpay-worker`` as a child process, shows live progress, and prints a table.
-It exits 0 only if every charge ended as the sandbox scripted it.
+``VPAY_DATABASE_URL``; it never writes into that URL's own database), runs
+the API (``vpay-server api``: MoMo's callbacks land there and pull polls
+forward), a merchant's webhook receiver that verifies every signature with
+the Standard Webhooks library, and the real ``vpay-worker``; creates a batch
+of payments across the sandbox's behaviours, shows live progress, and prints
+a table. It exits 0 only if every charge ended as the sandbox scripted it,
+every event reached the receiver with a valid signature, and the worker
+drained cleanly.
 """
 
 from __future__ import annotations
@@ -83,6 +87,77 @@ def _console(name: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from vpay.cli import worker_main; sys.exit(worker_main())"]
 
 
+class Receiver:
+    """The merchant's webhook endpoint: a real HTTP server on loopback that
+    verifies each POST on its raw bytes (``standardwebhooks.Webhook``) and
+    keeps the event ids it accepted (at-least-once: it dedupes on them)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.secret: str | None = None
+        self.events: dict[str, str] = {}
+        self.bad = 0
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # the demo's output is its live view
+                pass
+
+            def do_POST(self):
+                from standardwebhooks import Webhook
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    event = Webhook(receiver.secret).verify(body, dict(self.headers))
+                except Exception:  # noqa: BLE001 - any verification failure is a bad delivery
+                    with receiver._lock:
+                        receiver.bad += 1
+                    self.send_response(400)
+                else:
+                    with receiver._lock:
+                        receiver.events[event["id"]] = event["type"]
+                    self.send_response(204)
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/webhooks"
+
+    def start(self) -> "Receiver":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> bool:
+    import requests
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return True
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 def _counts(conn, ids: list[str]) -> dict[str, int]:
     rows = conn.execute("SELECT status, count(*) FROM charges WHERE id = ANY(%s) GROUP BY 1", (ids,)).fetchall()
     return dict(rows)
@@ -107,22 +182,41 @@ def run(*, deadline_seconds: float, out=sys.stdout) -> int:
     data_dir = Path(os.environ.get("VPAY_DATA_DIR", "./.vpay")).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     worker_log = data_dir / "demo-worker.log"
+    api_log = data_dir / "demo-api.log"
 
     rail = SandboxRail(success_after_seconds=3.0).start()
     for s in SCENARIOS:
         if s.script:
             rail.script(s.payer, **s.script)
+    api_url = f"http://127.0.0.1:{_free_port()}"
     rail_env = {"VPAY_MTN_BASE_URL": rail.url, "VPAY_MTN_SUBSCRIPTION_KEY": rail.subscription_key,
                 "VPAY_MTN_API_USER": rail.api_user, "VPAY_MTN_API_KEY": rail.api_key,
-                "VPAY_MTN_TARGET_ENVIRONMENT": rail.target_environment}
+                "VPAY_MTN_TARGET_ENVIRONMENT": rail.target_environment,
+                "VPAY_MTN_CALLBACK_URL": f"{api_url}/provider/mtn/callback"}
     say(f"vpay demo: sandbox MoMo rail at {rail.url}, database {DEMO_DB} "
         f"({'VPAY_DATABASE_URL' if os.environ.get('VPAY_DATABASE_URL') else 'embedded, ' + str(data_dir)})")
+    env = {**os.environ, **rail_env, "VPAY_DATABASE_URL": url, "PYTHONUNBUFFERED": "1",
+           # the receiver below is on loopback: a development-only permission
+           "VPAY_WEBHOOKS_ALLOW_PRIVATE": "1"}
 
     pool = make_pool(url, max_size=3)
-    worker = None
+    receiver = Receiver().start()
+    worker = api = None
     try:
+        with open(api_log, "wb") as log_file:
+            api = subprocess.Popen(_console("vpay-server") + ["api", "--bind", api_url[len("http://"):]],
+                                   env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+        if not _wait_healthy(api_url, api):
+            say(f"the API did not come up; see {api_log}")
+            return 1
+        say(f"API at {api_url} (MoMo callbacks land here), log {api_log}")
+        from .webhooks import add_endpoint
         with pool.connection() as conn:
             create_merchant(conn, "demo", "Demo merchant")
+            endpoint = add_endpoint(conn, "demo", receiver.url, permit_private=True)
+        receiver.secret = endpoint["secret"]
+        say(f"merchant webhook receiver at {receiver.url} (verifies every signature)")
         adapter = MtnMomo.from_env(rail_env)
         batch: list[tuple[Scenario, dict[str, Any]]] = []
         for i, s in enumerate(SCENARIOS):
@@ -133,7 +227,6 @@ def run(*, deadline_seconds: float, out=sys.stdout) -> int:
         ids = [c["id"] for _, c in batch]
         say(f"created {len(batch)} payments; starting vpay-worker (log: {worker_log})")
 
-        env = {**os.environ, **rail_env, "VPAY_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
         with open(worker_log, "wb") as log_file:
             worker = subprocess.Popen(_console("vpay-worker") + ["--worker-concurrency", "4"],
                                       env=env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -151,7 +244,12 @@ def run(*, deadline_seconds: float, out=sys.stdout) -> int:
             if line[12:] != last:
                 say(line)
                 last = line[12:]
-            if terminal >= expected_final or time.monotonic() > deadline:
+            if terminal >= expected_final:
+                with pool.connection() as conn:
+                    events = conn.execute(EVENTS_OF_BATCH, (ids,)).fetchone()[0]
+                if len(receiver.events) >= events or time.monotonic() > deadline:
+                    break
+            elif time.monotonic() > deadline:
                 break
             if worker.poll() is not None:
                 say(f"vpay-worker exited early with {worker.returncode}; see {worker_log}")
@@ -160,22 +258,30 @@ def run(*, deadline_seconds: float, out=sys.stdout) -> int:
 
         worker.send_signal(signal.SIGTERM)
         worker_rc = worker.wait(60)
-        return _report(say, pool, rail, batch, worker_rc, time.monotonic() - started)
+        return _report(say, pool, rail, receiver, batch, worker_rc, time.monotonic() - started)
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.kill()
+        for proc in (worker, api):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
         pool.close()
+        receiver.stop()
         rail.stop()
 
 
-def _report(say, pool, rail, batch, worker_rc: int, elapsed: float) -> int:
+EVENTS_OF_BATCH = ("SELECT count(*) FROM events e JOIN charges c ON c.payment_intent_id = e.payment_intent_id "
+                   "WHERE c.id = ANY(%s)")
+
+
+def _report(say, pool, rail, receiver, batch, worker_rc: int, elapsed: float) -> int:
     with pool.connection() as conn:
         rows = {r[0]: r for r in conn.execute(
             "SELECT id, status, failure_code, EXTRACT(EPOCH FROM settled_at - created_at) "
             "FROM charges WHERE id = ANY(%s)", ([c["id"] for _, c in batch],)).fetchall()}
-        events = conn.execute("SELECT count(*) FROM events e JOIN charges c "
-                              "ON c.payment_intent_id = e.payment_intent_id "
-                              "WHERE c.id = ANY(%s)", ([c["id"] for _, c in batch],)).fetchone()[0]
+        events = conn.execute(EVENTS_OF_BATCH, ([c["id"] for _, c in batch],)).fetchone()[0]
     say("")
     say(f"{'charge':<28} {'payer':<13} {'scenario':<36} {'status':<10} {'reason':<30} "
         f"{'polls':>5} {'settle s':>8}  ok")
@@ -194,8 +300,11 @@ def _report(say, pool, rail, batch, worker_rc: int, elapsed: float) -> int:
         "status": sum(1 for r in requests if r["method"] == "GET"),
     }
     say("")
+    callbacks = len(rail.callbacks())
     say(f"rail requests: {len(requests)} ({', '.join(f'{k} {v}' for k, v in by_kind.items())}); "
-        f"events written: {events}; worker drained with exit {worker_rc}; {elapsed:.0f}s in all")
-    ok = good == len(batch) and worker_rc == 0
+        f"callbacks sent by the rail: {callbacks}")
+    say(f"events written: {events}; webhooks received with a valid signature: {len(receiver.events)} "
+        f"(bad signatures: {receiver.bad}); worker drained with exit {worker_rc}; {elapsed:.0f}s in all")
+    ok = good == len(batch) and worker_rc == 0 and len(receiver.events) == events and receiver.bad == 0
     say(f"{good}/{len(batch)} charges ended as the sandbox scripted them: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
