@@ -183,3 +183,15 @@ def test_two_worker_processes_handle_each_of_2000_jobs_exactly_once(db, db_url, 
     for w in workers:
         final = w.find("gauge", final=True)
         assert final and final[0]["lost"] == 0
+
+
+def test_database_unreachable_at_boot_exits_69_not_a_drain_code():
+    counter = _ConnCounter()  # accepts and closes: no Postgres there
+    try:
+        env = base_env(f"postgresql://nobody@127.0.0.1:{counter.port}/x?connect_timeout=1",
+                       VPAY_DATABASE_OPEN_TIMEOUT_SECONDS="2")
+        res = subprocess.run([script("vpay-worker")], env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 69, res.stdout[-2000:] + res.stderr[-2000:]
+        assert "database unreachable at boot" in res.stdout
+    finally:
+        counter.close()

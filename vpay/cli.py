@@ -17,6 +17,7 @@ import click
 from . import logs
 
 EX_CONFIG = 78
+EX_UNAVAILABLE = 69
 log = logging.getLogger("vpay.cli")
 
 
@@ -69,7 +70,12 @@ def migrate() -> None:
 @click.option("--worker-id", default=None, help="Lease owner name [default: <hostname>:<pid>].")
 def worker(worker_concurrency: int, shutdown_grace_seconds: float, lease_seconds: float,
            idle_sleep: float, worker_id: str | None) -> None:
-    """The reconciler worker: claims jobs, polls rails, drains on SIGTERM."""
+    """The reconciler worker: claims jobs, polls rails, drains on SIGTERM.
+
+    Exit codes: 0 clean drain, 1 timed-out drain (leases released), 2 usage
+    error, 78 configuration refused, 69 database unreachable at boot, 70 a
+    claim loop crashed (a bug; "anything else is a crash", and systemd
+    restarts the worker)."""
     logs.setup(stream=sys.stdout)
     from .db import MAX_CONNECTIONS
     # Refused before any database connection: a wrong flag must not touch the fleet.
@@ -89,7 +95,13 @@ def worker(worker_concurrency: int, shutdown_grace_seconds: float, lease_seconds
     except ConfigError as exc:
         _refuse(str(exc))
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}"
-    _, pool = _open_db(pool_size=MAX_CONNECTIONS)
+    from psycopg_pool import PoolTimeout
+    try:
+        _, pool = _open_db(pool_size=MAX_CONNECTIONS)
+    except PoolTimeout as exc:
+        # Not a drain (1) and not a refused configuration (78): systemd retries.
+        log.error("database unreachable at boot", extra={"error": str(exc)[:300]})
+        sys.exit(EX_UNAVAILABLE)
     ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
     config = WorkerConfig(worker_id=wid, concurrency=worker_concurrency,
                           shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,

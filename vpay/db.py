@@ -92,13 +92,15 @@ def database_url(environ: Mapping[str, str] | None = None) -> str:
 
 
 def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
-              name: str = "vpay", timeout: float = 30.0) -> ConnectionPool:
+              name: str = "vpay", timeout: float | None = None) -> ConnectionPool:
     """An open pool of autocommit connections. Broken connections are
     checked on checkout and replaced, so a Postgres restart is survived.
 
     Raises ``psycopg_pool.PoolTimeout`` when no connection can be made within
-    ``timeout`` seconds.
+    ``timeout`` seconds (default ``VPAY_DATABASE_OPEN_TIMEOUT_SECONDS``, 30).
     """
+    if timeout is None:
+        timeout = float(os.environ.get("VPAY_DATABASE_OPEN_TIMEOUT_SECONDS", "") or 30.0)
     pool = ConnectionPool(
         url,
         min_size=min_size,
@@ -107,7 +109,10 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
         open=False,
         kwargs={"autocommit": True},
         check=ConnectionPool.check_connection,
-        reconnect_timeout=float("inf"),
+        # Bounded, so the pool's back-off restarts within seconds after a long
+        # outage (unbounded, it doubles for ever: ~30 s late after 90 s down);
+        # a connection that gives up is replaced on the next checkout.
+        reconnect_timeout=10.0,
     )
     pool.open(wait=True, timeout=timeout)
     return pool

@@ -14,7 +14,9 @@ the drain". The shape:
   timer thread, so a dead queue cannot stop the reaper.
 * A signal stops claiming; in-flight jobs get ``shutdown_grace`` seconds from
   the signal. All done → ``Drain.CLEAN``. Otherwise the leases still held are
-  released (due at once for another worker) → ``Drain.TIMED_OUT``.
+  released (due at once for another worker) → ``Drain.TIMED_OUT``. A claim
+  loop that died (a bug: database errors and bad answers are survived) ends
+  the worker with ``Drain.CRASHED``, never a clean exit.
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ from .signals import Drain, ShutdownSignals
 log = logging.getLogger("vpay.worker")
 
 GAUGE_EVERY = 60.0  # seconds between gauge lines
-DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
+# The database is away, restarting, or refusing writes for a while (a
+# demoted primary, a hot standby: ReadOnlySqlTransaction): retried, never fatal.
+DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout,
+             psycopg.errors.ReadOnlySqlTransaction)
 
 
 @dataclass
@@ -116,12 +121,14 @@ class Worker:
 
     def _claim_loop(self, slot: int) -> None:
         backoff = 0.5
-        while not self._stopping.is_set():
+        # signals.stop too: a signal stops claiming at once, not when the main
+        # thread next looks at the flag (it polls every 0.1 s).
+        while not self._stopping.is_set() and not self.signals.stop.is_set():
             self._beats[slot] = time.monotonic()
             try:
                 with self.pool.connection() as conn:
                     job = queue.claim(conn, self.config.worker_id)
-            except DB_ERRORS as exc:
+            except psycopg.Error as exc:  # any database error: back off, never end the loop
                 log.warning("claim failed; database unavailable",
                             extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
                 self._stopping.wait(backoff)
@@ -160,9 +167,12 @@ class Worker:
         elapsed = round(time.monotonic() - started, 3)
         try:
             kept = self._apply(job, outcome, error)
-        except DB_ERRORS as exc:
+        except Exception as exc:  # noqa: BLE001 - the claim loop must outlive any one job
+            # A database that stayed away past the retries, or an answer that
+            # is not an Outcome: the lease is left to the reaper, which counts
+            # the failure and parks the job after MAX_FAILURES.
             log.error("could not record the job's outcome; its lease will be reaped",
-                      extra=self._job_extra(job, error=str(exc)[:300]))
+                      extra=self._job_extra(job, error=f"{type(exc).__name__}: {exc}"[:300]))
             return
         if not kept:
             self.gauge.add(lost=1)
@@ -223,7 +233,7 @@ class Worker:
         while not self._halt.wait(interval):
             try:
                 self.reap()
-            except DB_ERRORS as exc:
+            except psycopg.Error as exc:  # the timer must outlive any database error
                 log.warning("reaper could not reach the database", extra={"error": str(exc)[:300]})
 
     def gauge_line(self, final: bool = False) -> dict:
@@ -231,7 +241,7 @@ class Worker:
         try:
             with self.pool.connection(timeout=5) as conn:
                 counts |= queue.depth(conn)
-        except DB_ERRORS:
+        except psycopg.Error:
             counts |= {"due": -1, "leased": -1, "dead": -1}
         log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts})
         self.notifier.status(" ".join(f"{k}={v}" for k, v in counts.items()))
@@ -244,7 +254,8 @@ class Worker:
     def _watchdog_thread(self, interval: float) -> None:
         # Ping only while every claim loop has come round recently: a loop
         # stuck in a handler past the watchdog deadline lets systemd act.
-        deadline = interval * 2
+        # An idle loop comes round every idle_sleep: that is not being stuck.
+        deadline = interval * 2 + self.config.idle_sleep
         while not self._halt.wait(interval):
             if self._stopping.is_set():
                 self.notifier.watchdog()  # the drain has its own clock
@@ -263,8 +274,10 @@ class Worker:
         reaped = self.reap()
         log.info("worker started", extra={"worker_id": cfg.worker_id, "concurrency": cfg.concurrency,
                                           "lease_seconds": cfg.lease, "reaped_at_boot": reaped})
-        executor = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="claim")
-        futures = [executor.submit(self._claim_loop, slot) for slot in range(cfg.concurrency)]
+        # READY=1 before the first claim: start-up (pool, boot reap) is over,
+        # and no job is handled before the service manager hears it.
+        self.notifier.ready(status=f"claiming with {cfg.concurrency} loops")
+        self._beats[:] = [time.monotonic()] * cfg.concurrency
         helpers = [threading.Thread(target=self._reaper_thread, name="reaper", daemon=True),
                    threading.Thread(target=self._gauge_thread, name="gauge", daemon=True)]
         wd = watchdog_interval()
@@ -273,7 +286,8 @@ class Worker:
                                             name="watchdog", daemon=True))
         for t in helpers:
             t.start()
-        self.notifier.ready(status=f"claiming with {cfg.concurrency} loops")
+        executor = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="claim")
+        futures = [executor.submit(self._claim_loop, slot) for slot in range(cfg.concurrency)]
 
         # The main thread polls the flags rather than waiting on them: see signals.py.
         while not self.signals.stop.is_set():
@@ -297,14 +311,18 @@ class Worker:
             if not pending:
                 break
         pending = [f for f in futures if not f.done()]
-        for f in futures:
-            if f.done() and f.exception() is not None:
-                log.error("claim loop crashed", extra={"worker_id": cfg.worker_id,
-                                                       "error": repr(f.exception())})
+        crashed = [f for f in futures if f.done() and f.exception() is not None]
+        for f in crashed:
+            log.error("claim loop crashed", extra={"worker_id": cfg.worker_id,
+                                                   "error": repr(f.exception())})
         self._halt.set()
         if not pending:
             executor.shutdown(wait=True)
             self.gauge_line(final=True)
+            if crashed:  # never "clean": systemd must restart us (Restart=on-failure)
+                log.error("drain after a claim loop crashed",
+                          extra={"worker_id": cfg.worker_id, "drain": "crashed"})
+                return Drain.CRASHED
             log.info("drain clean", extra={"worker_id": cfg.worker_id, "drain": "clean"})
             return Drain.CLEAN
         with self._inflight_lock:
@@ -313,11 +331,11 @@ class Worker:
         try:
             with self.pool.connection(timeout=5) as conn:
                 released = queue.release(conn, cfg.worker_id, tokens)
-        except DB_ERRORS as exc:
+        except psycopg.Error as exc:
             log.error("could not release leases; they will be reaped",
                       extra={"worker_id": cfg.worker_id, "error": str(exc)[:300]})
         self.gauge_line(final=True)
         log.warning(f"drain timed out: released={released}",
                     extra={"worker_id": cfg.worker_id, "drain": "timed_out", "released": released,
                            "hurried": self.signals.hurry.is_set()})
-        return Drain.TIMED_OUT
+        return Drain.CRASHED if crashed else Drain.TIMED_OUT

@@ -21,6 +21,7 @@ class Drain(enum.IntEnum):
 
     CLEAN = 0       # every in-flight job finished within the grace
     TIMED_OUT = 1   # the grace ran out (or a second signal); leases were released
+    CRASHED = 70    # a claim loop died (EX_SOFTWARE): "anything else is a crash"
 
 
 class ShutdownSignals:

@@ -4,7 +4,7 @@
 with ``VPAY_TEST_PAUSE_AT`` naming that point; then it logs ``test pause``
 with the point's name and blocks the calling thread for ever, so a test can
 SIGKILL the real process exactly there (issue: crash safety). The names are
-listed in docs/flows/reconciler.md's crash-safety table.
+listed in the crash-safety table, docs/flows/crash-safety.md.
 """
 
 from __future__ import annotations
