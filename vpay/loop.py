@@ -187,10 +187,11 @@ class Worker:
         with self.pool.connection() as conn:
             if outcome is None:
                 if job.failures + 1 >= queue.MAX_FAILURES:
-                    kept = queue.park(conn, job, f"dead-lettered after {job.failures + 1} "
-                                                 f"consecutive failures; last: {error}")
+                    reason = f"dead-lettered after {job.failures + 1} consecutive failures; last: {error}"
+                    kept = queue.park(conn, job, reason)
                     if kept:
                         self.gauge.add(parked=1)
+                        log.error("job dead-lettered", extra=self._job_extra(job, reason=reason))
                     return kept
                 kept = queue.retry_failed(conn, job, failure_backoff(job.failures), error or "")
                 if kept:
