@@ -231,3 +231,5 @@ main.add_command(webhooks)
 from .api.commands import api, merchants  # noqa: E402
 main.add_command(api)
 main.add_command(merchants)
+from .refunds_cli import refunds  # noqa: E402
+main.add_command(refunds)

@@ -84,7 +84,7 @@ def ensure_scheduled(conn) -> None:
 
 
 def _load() -> None:
-    from . import poll, resubmit, scan, sweep, webhooks  # noqa: F401  (registers)
+    from . import poll, refund_poll, resubmit, scan, sweep, webhooks  # noqa: F401  (registers)
     if os.environ.get("VPAY_TEST_HANDLERS") == "1":
         from . import testing  # noqa: F401
 

@@ -1,16 +1,28 @@
-"""MTN MoMo Collection adapter: the ``Rail`` port spoken over MoMo's HTTP API.
+"""MTN MoMo adapter: the ``Rail`` port spoken over MoMo's HTTP API.
+
+Two MoMo products, each with its own subscription key, API user and token:
+Collection (request-to-pay and its status) and Disbursement (refunds of a
+collected payment and their status). Both share one token cache shape, one
+transport with bounded retries and one error mapping (``_Product``,
+``_exchange``, ``_submit_from_response``, ``_status_from_response``).
 
 Sources for every rule below:
 
 * MoMo Collection API (momodeveloper.mtn.com, product "Collection":
   CreateAccessToken, RequesttoPay, RequesttoPayTransactionStatus), as
   summarised in ``design/rails.md`` section "MTN MoMo, Collection product".
+* MoMo Disbursement API (product "Disbursement": CreateAccessToken
+  ``POST /disbursement/token/``, Refund V1 ``POST /disbursement/v1_0/refund``
+  with body ``{amount, currency, externalId, payerMessage, payeeNote,
+  referenceIdToRefund}``, GetRefundStatus ``GET
+  /disbursement/v1_0/refund/{referenceId}``), field names checked against
+  MTN's own SDKs (MTN-Group/MoMoAPIs_Php_sdk ``API.php``, ``RefundModel``).
 * The design page, section "Callbacks are hints": a callback yields
   identifiers only; only the authenticated status query moves money.
 
 Shape of the adapter:
 
-* ``request_to_pay`` and ``status`` never raise for anything the rail (or the
+* ``request_to_pay``, ``status``, ``refund`` and ``refund_status`` never raise for anything the rail (or the
   network) does: every answer becomes a ``Submit`` / ``RailStatus`` value, and
   anything we cannot read is ``NO_ANSWER``, never a decline.
 * Every HTTP exchange has explicit (connect, read) timeouts and at most
@@ -51,6 +63,7 @@ from vpay.rails.port import (
     MalformedCallback,
     RailError,
     RailStatus,
+    RefundRequest,
     StatusKind,
     Submit,
     SubmitKind,
@@ -107,6 +120,16 @@ _ENV_API_USER = "VPAY_MTN_API_USER"
 _ENV_API_KEY = "VPAY_MTN_API_KEY"
 _ENV_TARGET_ENVIRONMENT = "VPAY_MTN_TARGET_ENVIRONMENT"
 _ENV_CALLBACK_URL = "VPAY_MTN_CALLBACK_URL"
+# Disbursement credentials (constructor keyword -> variable); each one unset
+# falls back to its Collection twin (the constructor does the falling back).
+_ENV_DISBURSEMENT = {
+    "disbursement_subscription_key": "VPAY_MTN_DISBURSEMENT_SUBSCRIPTION_KEY",
+    "disbursement_api_user": "VPAY_MTN_DISBURSEMENT_API_USER",
+    "disbursement_api_key": "VPAY_MTN_DISBURSEMENT_API_KEY",
+}
+
+COLLECTION = "collection"
+DISBURSEMENT = "disbursement"
 
 
 class _NoAnswer(Exception):
@@ -121,11 +144,32 @@ class _NoAnswer(Exception):
         self.http_status = http_status
 
 
-class MtnMomo:
-    """The MTN MoMo Collection rail (``code = "mtn"``), implementing ``Rail``.
+class _Product:
+    """One MoMo product's credentials and access-token cache. ``name`` is
+    the URL segment (``collection``, ``disbursement``): its token lives at
+    ``{base}/{name}/token/``. Tokens are product-scoped at MoMo, so each
+    product caches its own. Holds credentials: never logged (no repr of
+    them)."""
 
-    One instance is shared by the worker's threads: the access-token cache is
-    guarded by a lock, and ``requests.Session`` is used only for its
+    __slots__ = ("name", "subscription_key", "basic_auth", "lock", "token")
+
+    def __init__(self, name: str, subscription_key: str, api_user: str, api_key: str) -> None:
+        self.name = name
+        self.subscription_key = subscription_key
+        self.basic_auth = "Basic " + base64.b64encode(f"{api_user}:{api_key}".encode()).decode("ascii")
+        self.lock = threading.Lock()
+        self.token: tuple[str, float] | None = None  # (access_token, expires_at per clock)
+
+    def __repr__(self) -> str:
+        return f"_Product({self.name!r})"
+
+
+class MtnMomo:
+    """The MTN MoMo rail (``code = "mtn"``), implementing ``Rail``: payments
+    through Collection, refunds through Disbursement.
+
+    One instance is shared by the worker's threads: each product's
+    access-token cache is guarded by its own lock, and ``requests.Session`` is used only for its
     thread-safe connection pool.
     """
 
@@ -145,6 +189,9 @@ class MtnMomo:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        disbursement_subscription_key: str | None = None,
+        disbursement_api_user: str | None = None,
+        disbursement_api_key: str | None = None,
     ) -> None:
         """Build the adapter from explicit settings.
 
@@ -163,6 +210,10 @@ class MtnMomo:
 
         ``clock`` (monotonic seconds) and ``sleep`` exist for tests: the token
         cache reads ``clock``; retry waits go through ``sleep``.
+
+        ``disbursement_subscription_key``, ``disbursement_api_user`` and
+        ``disbursement_api_key`` are the Disbursement product's credentials
+        (refunds); each one left empty falls back to its Collection twin.
 
         Raises ``RailError`` when the base URL or a credential is empty (the
         message names the parameter, never its value).
@@ -184,15 +235,16 @@ class MtnMomo:
         self.target_environment = target_environment
         self.callback_url = callback_url or None
         self.timeout = (connect_timeout, read_timeout)
-        self._subscription_key = subscription_key
-        self._basic_auth = "Basic " + base64.b64encode(
-            f"{api_user}:{api_key}".encode()
-        ).decode("ascii")
+        self._collection = _Product(COLLECTION, subscription_key, api_user, api_key)
+        self._disbursement = _Product(
+            DISBURSEMENT,
+            disbursement_subscription_key or subscription_key,
+            disbursement_api_user or api_user,
+            disbursement_api_key or api_key,
+        )
         self._session = session or requests.Session()
         self._clock = clock
         self._sleep = sleep
-        self._token_lock = threading.Lock()
-        self._token: tuple[str, float] | None = None  # (access_token, expires_at per clock)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **kwargs: Any) -> "MtnMomo":
@@ -202,8 +254,11 @@ class MtnMomo:
         ``VPAY_MTN_API_USER``, ``VPAY_MTN_API_KEY`` (all required),
         ``VPAY_MTN_TARGET_ENVIRONMENT`` (default ``sandbox``) and
         ``VPAY_MTN_CALLBACK_URL`` (optional), ``VPAY_MTN_CONNECT_TIMEOUT_SECONDS``
-        and ``VPAY_MTN_READ_TIMEOUT_SECONDS`` (optional, seconds). ``kwargs``
-        go to the constructor (timeouts, session, clock, sleep) and win.
+        and ``VPAY_MTN_READ_TIMEOUT_SECONDS`` (optional, seconds), and the
+        Disbursement product's ``VPAY_MTN_DISBURSEMENT_SUBSCRIPTION_KEY``,
+        ``VPAY_MTN_DISBURSEMENT_API_USER``, ``VPAY_MTN_DISBURSEMENT_API_KEY``
+        (optional, each falling back to its Collection twin). ``kwargs`` go
+        to the constructor (timeouts, session, clock, sleep) and win.
 
         Raises ``RailError`` naming every missing or empty required variable
         (names only, never values).
@@ -222,6 +277,9 @@ class MtnMomo:
                     kwargs[key] = float(raw)
                 except ValueError:
                     raise RailError(f"{name} must be a number of seconds") from None
+        for key, name in _ENV_DISBURSEMENT.items():
+            if key not in kwargs and environ.get(name):
+                kwargs[key] = environ[name]
         return cls(
             base_url=environ[_ENV_BASE_URL],
             subscription_key=environ[_ENV_SUBSCRIPTION_KEY],
@@ -260,8 +318,9 @@ class MtnMomo:
         before anything is sent).
         """
         body = self._request_to_pay_body(charge)
+        product = self._collection
         try:
-            token = self._access_token()
+            token = self._access_token(product)
             response = self._exchange(
                 "POST",
                 f"{self.base_url}/collection/v1_0/requesttopay",
@@ -269,10 +328,10 @@ class MtnMomo:
                 json_body=body,
             )
         except _NoAnswer as no:
-            self._log_no_answer("request_to_pay", charge, no)
+            self._log_no_answer("request_to_pay", "charge", charge.charge_id, charge.rail_reference, no)
             return Submit(SubmitKind.NO_ANSWER, reason=no.reason, http_status=no.http_status)
 
-        submit = self._submit_from_response(response, token)
+        submit = self._submit_from_response(response, product, token)
         log.info(
             "mtn request_to_pay charge=%s reference=%s -> %s (http %s, reason %s)",
             charge.charge_id, charge.rail_reference, submit.kind.value,
@@ -292,14 +351,17 @@ class MtnMomo:
         }
 
     def _request_to_pay_headers(self, token: str, reference: str) -> dict[str, str]:
-        headers = self._api_headers(token)
+        headers = self._api_headers(self._collection, token)
         headers["X-Reference-Id"] = reference
         if self.callback_url:
             # MoMo's callback body carries no reference id: the URL must.
             headers["X-Callback-Url"] = callback_url_with_reference(self.callback_url, reference)
         return headers
 
-    def _submit_from_response(self, response: requests.Response, token: str) -> Submit:
+    def _submit_from_response(self, response: requests.Response, product: _Product,
+                              token: str) -> Submit:
+        """The port's ``Submit`` for a create call of either product
+        (request-to-pay, refund): see ``request_to_pay`` for the mapping."""
         http = response.status_code
         code = _error_code(response)
         if http == 202:
@@ -312,7 +374,7 @@ class MtnMomo:
         if http == 400:
             return Submit(SubmitKind.REJECTED, reason=code or "BAD_REQUEST", http_status=http)
         if http == 401:
-            self._drop_token(token)
+            self._drop_token(product, token)
             return Submit(SubmitKind.NO_ANSWER, reason=code or "UNAUTHORIZED", http_status=http)
         return Submit(SubmitKind.NO_ANSWER, reason=code or f"HTTP_{http}", http_status=http)
 
@@ -338,15 +400,16 @@ class MtnMomo:
         Never raises for the rail's answers.
         """
         url = f"{self.base_url}/collection/v1_0/requesttopay/{quote(charge.rail_reference, safe='')}"
+        product = self._collection
         try:
-            token = self._access_token()
-            response = self._exchange("GET", url, headers=self._api_headers(token))
+            token = self._access_token(product)
+            response = self._exchange("GET", url, headers=self._api_headers(product, token))
         except _NoAnswer as no:
-            self._log_no_answer("status", charge, no)
+            self._log_no_answer("status", "charge", charge.charge_id, charge.rail_reference, no)
             return RailStatus(StatusKind.NO_ANSWER, reason=no.reason,
                               http_status=no.http_status, detail=no.detail)
 
-        result = self._status_from_response(response, token)
+        result = self._status_from_response(response, product, token)
         log.info(
             "mtn status charge=%s reference=%s -> %s (http %s, reason %s)",
             charge.charge_id, charge.rail_reference, result.kind.value,
@@ -354,7 +417,10 @@ class MtnMomo:
         )
         return result
 
-    def _status_from_response(self, response: requests.Response, token: str) -> RailStatus:
+    def _status_from_response(self, response: requests.Response, product: _Product,
+                              token: str) -> RailStatus:
+        """The port's ``RailStatus`` for a status read of either product
+        (request-to-pay, refund): see ``status`` for the mapping."""
         http = response.status_code
         if http == 200:
             return _status_from_body(response.content)
@@ -362,11 +428,85 @@ class MtnMomo:
         if http == 404:
             return RailStatus(StatusKind.NOT_FOUND, reason=code or "RESOURCE_NOT_FOUND", http_status=http)
         if http == 401:
-            self._drop_token(token)
+            self._drop_token(product, token)
             return RailStatus(StatusKind.NO_ANSWER, reason=code or "UNAUTHORIZED",
                               http_status=http, detail="HTTP 401: access token refused, dropped")
         return RailStatus(StatusKind.NO_ANSWER, reason=code, http_status=http,
                           detail=f"HTTP {http} from status query")
+
+    # --- Rail: refunds (Disbursement product) -----------------------------
+
+    def refund(self, refund: RefundRequest) -> Submit:
+        """Give back a collected payment: ``POST {base}/disbursement/v1_0/refund``.
+
+        ``refund.rail_reference`` is sent as ``X-Reference-Id`` (the refund's
+        own resource id at MoMo), so a resend is idempotent: 409 is ACCEPTED.
+        Body: ``amount`` (major units as a string), ``currency``,
+        ``externalId`` (our ``re_…``), ``payerMessage``, ``payeeNote`` and
+        ``referenceIdToRefund`` (the charge's ``X-Reference-Id``). No
+        ``X-Callback-Url`` is sent: the callback route knows charges only,
+        and only the status read settles a refund anyway.
+
+        Uses the Disbursement product's token and subscription key. Answers
+        map exactly as for ``request_to_pay`` (202/409 ACCEPTED; 400, or a
+        500 with a code in ``REJECTING_CODES``, REJECTED; 401, other 5xx,
+        timeouts NO_ANSWER). Never raises for the rail's answers; raises
+        ``TypeError`` / ``ValueError`` only for an invalid ``refund.amount``
+        (before anything is sent).
+        """
+        body = {
+            "amount": minor_to_major_string(refund.amount, refund.currency),
+            "currency": refund.currency,
+            "externalId": refund.refund_id,
+            "payerMessage": f"Refund {refund.refund_id}"[:MESSAGE_MAX_CHARS],
+            "payeeNote": refund.refund_id[:MESSAGE_MAX_CHARS],
+            "referenceIdToRefund": refund.charge_rail_reference,
+        }
+        product = self._disbursement
+        try:
+            token = self._access_token(product)
+            headers = self._api_headers(product, token)
+            headers["X-Reference-Id"] = refund.rail_reference
+            response = self._exchange("POST", f"{self.base_url}/disbursement/v1_0/refund",
+                                      headers=headers, json_body=body)
+        except _NoAnswer as no:
+            self._log_no_answer("refund", "refund", refund.refund_id, refund.rail_reference, no)
+            return Submit(SubmitKind.NO_ANSWER, reason=no.reason, http_status=no.http_status)
+
+        submit = self._submit_from_response(response, product, token)
+        log.info(
+            "mtn refund refund=%s reference=%s of=%s -> %s (http %s, reason %s)",
+            refund.refund_id, refund.rail_reference, refund.charge_rail_reference,
+            submit.kind.value, submit.http_status, submit.reason,
+        )
+        return submit
+
+    def refund_status(self, refund: RefundRequest) -> RailStatus:
+        """The authenticated refund status query:
+        ``GET {base}/disbursement/v1_0/refund/{rail_reference}``.
+
+        Same mapping as ``status``: 200 ``PENDING`` / ``SUCCESSFUL`` (with
+        ``financialTransactionId``) / ``FAILED`` (with ``reason``, either
+        shape); 404 → NOT_FOUND; 401 (token dropped), 5xx, timeouts and
+        unreadable bodies → NO_ANSWER, never a decline. Never raises.
+        """
+        url = f"{self.base_url}/disbursement/v1_0/refund/{quote(refund.rail_reference, safe='')}"
+        product = self._disbursement
+        try:
+            token = self._access_token(product)
+            response = self._exchange("GET", url, headers=self._api_headers(product, token))
+        except _NoAnswer as no:
+            self._log_no_answer("refund_status", "refund", refund.refund_id, refund.rail_reference, no)
+            return RailStatus(StatusKind.NO_ANSWER, reason=no.reason,
+                              http_status=no.http_status, detail=no.detail)
+
+        result = self._status_from_response(response, product, token)
+        log.info(
+            "mtn refund_status refund=%s reference=%s -> %s (http %s, reason %s)",
+            refund.refund_id, refund.rail_reference, result.kind.value,
+            result.http_status, result.reason,
+        )
+        return result
 
     # --- Rail: callback ----------------------------------------------------
 
@@ -396,34 +536,35 @@ class MtnMomo:
 
     # --- Token -------------------------------------------------------------
 
-    def _access_token(self) -> str:
-        """A valid bearer token, from the cache or ``POST {base}/collection/token/``.
+    def _access_token(self, product: _Product) -> str:
+        """A valid bearer token for ``product``, from its cache or
+        ``POST {base}/{product}/token/``.
 
         The lock is held during the fetch on purpose: threads that find the
         cache empty wait for one fetch instead of each making their own.
         """
-        with self._token_lock:
+        with product.lock:
             now = self._clock()
-            if self._token is not None and now < self._token[1]:
-                return self._token[0]
-            token, lifetime = self._fetch_token()
+            if product.token is not None and now < product.token[1]:
+                return product.token[0]
+            token, lifetime = self._fetch_token(product)
             margin = min(TOKEN_SAFETY_MARGIN_SECONDS, lifetime / 2)
-            self._token = (token, now + lifetime - margin)
+            product.token = (token, now + lifetime - margin)
             return token
 
-    def _fetch_token(self) -> tuple[str, float]:
+    def _fetch_token(self, product: _Product) -> tuple[str, float]:
         """``(access_token, expires_in seconds)``; raises ``_NoAnswer``."""
         response = self._exchange(
             "POST",
-            f"{self.base_url}/collection/token/",
+            f"{self.base_url}/{product.name}/token/",
             headers={
-                "Authorization": self._basic_auth,
-                "Ocp-Apim-Subscription-Key": self._subscription_key,
+                "Authorization": product.basic_auth,
+                "Ocp-Apim-Subscription-Key": product.subscription_key,
             },
         )
         if response.status_code != 200:
             if response.status_code == 401:
-                log.warning("mtn token endpoint refused our credentials (HTTP 401)")
+                log.warning("mtn %s token endpoint refused our credentials (HTTP 401)", product.name)
             raise _NoAnswer(
                 reason=_error_code(response) or f"TOKEN_HTTP_{response.status_code}",
                 detail=f"token endpoint answered HTTP {response.status_code}",
@@ -436,21 +577,22 @@ class MtnMomo:
                             http_status=200)
         return token, _lifetime_seconds(payload.get("expires_in"))
 
-    def _drop_token(self, token: str) -> None:
+    def _drop_token(self, product: _Product, token: str) -> None:
         """Forget ``token`` after a 401, so the next call fetches a new one.
         Only that token: another thread may already have replaced it."""
-        with self._token_lock:
-            if self._token is not None and self._token[0] == token:
-                self._token = None
-        log.warning("mtn access token refused (HTTP 401); dropped, the next call fetches a new one")
+        with product.lock:
+            if product.token is not None and product.token[0] == token:
+                product.token = None
+        log.warning("mtn %s access token refused (HTTP 401); dropped, the next call fetches a new one",
+                    product.name)
 
     # --- Transport ---------------------------------------------------------
 
-    def _api_headers(self, token: str) -> dict[str, str]:
+    def _api_headers(self, product: _Product, token: str) -> dict[str, str]:
         return {
             "Authorization": f"Bearer {token}",
             "X-Target-Environment": self.target_environment,
-            "Ocp-Apim-Subscription-Key": self._subscription_key,
+            "Ocp-Apim-Subscription-Key": product.subscription_key,
         }
 
     def _exchange(
@@ -465,8 +607,8 @@ class MtnMomo:
 
         Retries connection errors, timeouts and HTTP 502/503/504 only; any
         other answer is returned at once. Retrying a POST is safe here: the
-        token call has no effect, and request-to-pay is idempotent by
-        ``X-Reference-Id`` (a duplicate gets 409). Returns the last response
+        token call has no effect, and request-to-pay and refund are
+        idempotent by ``X-Reference-Id`` (a duplicate gets 409). Returns the last response
         (possibly a 503); raises ``_NoAnswer`` when no response came.
         """
         retrying = Retrying(
@@ -492,10 +634,11 @@ class MtnMomo:
         except requests.RequestException as exc:
             raise _NoAnswer("CONNECTION_ERROR", f"{type(exc).__name__} after retries") from None
 
-    def _log_no_answer(self, operation: str, charge: ChargeRequest, no: _NoAnswer) -> None:
+    def _log_no_answer(self, operation: str, label: str, ident: str, reference: str,
+                       no: _NoAnswer) -> None:
         log.warning(
-            "mtn %s charge=%s reference=%s -> no answer: %s (reason %s)",
-            operation, charge.charge_id, charge.rail_reference, no.detail, no.reason,
+            "mtn %s %s=%s reference=%s -> no answer: %s (reason %s)",
+            operation, label, ident, reference, no.detail, no.reason,
         )
 
 

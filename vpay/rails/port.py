@@ -128,3 +128,37 @@ class Rail(Protocol):
     def parse_callback(self, query: Mapping[str, str], body: bytes) -> CallbackIds:
         """Identifiers only. Raises ``MalformedCallback`` on an unreadable input."""
         ...
+
+    def refund(self, refund: "RefundRequest") -> Submit:
+        """Give back all or part of a collected payment. Safe to repeat with
+        the same ``refund.rail_reference`` (a resend is ACCEPTED). ``REJECTED``
+        only when the rail refused it for good; 5xx, timeouts and 401 are
+        ``NO_ANSWER``."""
+        ...
+
+    def refund_status(self, refund: "RefundRequest") -> RailStatus:
+        """The authenticated refund status query: the only thing that settles
+        a refund. Same kinds and rules as ``status``: 5xx, timeouts and
+        unreadable bodies are ``NO_ANSWER``, never a decline; ``NOT_FOUND``
+        when the rail does not know ``refund.rail_reference``."""
+        ...
+
+
+@dataclass(frozen=True)
+class RefundRequest:
+    """What a rail needs to refund a collected payment, or to ask how the
+    refund went.
+
+    ``refund_id`` is ours (``re_…``); ``rail_reference`` is the refund's own
+    UUIDv4 (MoMo's ``X-Reference-Id`` of the refund); ``charge_rail_reference``
+    is the refunded charge's reference (MoMo's ``referenceIdToRefund``).
+    ``amount`` is in minor units; ``payer`` is the charge's payer MSISDN (who
+    gets the money back; digits only, no ``+``).
+    """
+
+    refund_id: str
+    rail_reference: str
+    charge_rail_reference: str
+    amount: int
+    currency: str
+    payer: str

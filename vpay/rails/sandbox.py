@@ -1,4 +1,5 @@
-"""A local test/demo double of MTN MoMo's Collection API ("request to pay").
+"""A local test/demo double of MTN MoMo's Collection API ("request to pay"),
+and of the Disbursement API's refunds.
 
 This is **not** MTN's sandbox and never talks to MTN: it is an in-process HTTP
 server that answers the public MoMo Collection API closely enough that a real
@@ -18,6 +19,26 @@ MoMo endpoints served (``{base}`` is ``SandboxRail.url``)::
     GET  {base}/collection/v1_0/requesttopay/{referenceId} -> 200 status body (even for FAILED)
         {amount, currency, financialTransactionId (SUCCESSFUL only), externalId, payer,
          payerMessage, payeeNote, status, reason (FAILED only)}
+    POST {base}/disbursement/token/                        -> as the collection token, with the
+        Disbursement credentials (constructor ``disbursement_*``, default: the Collection ones);
+        a Collection token is refused by Disbursement endpoints and vice versa
+    POST {base}/disbursement/v1_0/refund                   -> 202, empty body
+        needs a Disbursement Bearer token and subscription key, X-Target-Environment,
+        X-Reference-Id (UUIDv4, the refund's id); JSON body {amount: "string", currency,
+        externalId, payerMessage?, payeeNote?, referenceIdToRefund (a request-to-pay's
+        X-Reference-Id)}; 409 RESOURCE_ALREADY_EXIST for a duplicate X-Reference-Id
+    GET  {base}/disbursement/v1_0/refund/{referenceId}     -> 200 refund status body
+        {amount, currency, financialTransactionId (SUCCESSFUL only), externalId, payee,
+         payerMessage, payeeNote, status, reason (FAILED only)}; 404 RESOURCE_NOT_FOUND
+
+Refunds: a refund of a SUCCESSFUL collection is PENDING until
+``success_after_seconds`` after it was accepted, then SUCCESSFUL. A refund
+whose ``referenceIdToRefund`` names no collection FAILs at once with reason
+``REFUND_TARGET_NOT_FOUND``; one naming a collection that is not SUCCESSFUL
+(at the moment the refund arrives) with ``REFUND_TARGET_NOT_SUCCESSFUL``.
+Both codes are this sandbox's own: MoMo documents none for these cases. The
+amount is not checked against the collection's (vpay checks it before it
+asks). A refund is scripted through the refunded collection's payer (below).
 
 Errors are MoMo-shaped ``{"code": ..., "message": ...}``: 401 bad subscription
 key / credentials / token; 400 ``NOT_ALLOWED_TARGET_ENVIRONMENT`` or
@@ -70,6 +91,13 @@ and applies to every transaction of that payer created after it is set:
   client's read timeout). A request-to-pay is recorded (or not) before the
   sleep, as a real rail would.
 * ``callback: bool`` (default True) - send the callback (below).
+* Refunds of this payer's collections, created after the script is set:
+  ``refund_pending_reads: int``, ``refund_outcome``, ``refund_reason``,
+  ``refund_status_errors: list[int]``, ``refund_status_delay_seconds`` work
+  as their request-to-pay twins above; ``refund_errors: list[int]`` and
+  ``refund_record_then_error: list[int]`` as ``rtp_errors`` and
+  ``rtp_record_then_error`` for the refund call. A refund whose collection
+  is unknown or not SUCCESSFUL fails whatever the script says.
 
 Other control endpoints (no authentication: bind to loopback only), each with
 a Python twin:
@@ -79,13 +107,16 @@ a Python twin:
   ever (e.g. make the rail contradict a settled charge).
 * ``GET /_sandbox/transactions[/{ref}]`` / ``transactions()``, ``transaction(ref)``.
 * ``DELETE /_sandbox/transactions/{ref}`` / ``forget(ref)``: the rail forgets it (404).
+* ``GET|PUT|DELETE /_sandbox/refunds[/{ref}]`` / ``refunds()``, ``refund(ref)``,
+  ``set_refund_status(ref, status, reason=None)``, ``forget_refund(ref)``: the
+  same for refunds.
 * ``GET /_sandbox/requests`` / ``requests_log()``: every MoMo request received
   (not control requests) as ``{method, path, reference, status_code, at}``;
   ``count(method=None, path_prefix=None, reference=None)`` counts them.
 * ``GET /_sandbox/callbacks`` / ``callbacks()``: callbacks attempted.
 * ``PUT|DELETE /_sandbox/payers/{msisdn}`` / ``script()``, ``GET /_sandbox/payers``.
-* ``POST /_sandbox/reset`` / ``reset()``: forget transactions, scripts and
-  logs (issued tokens stay valid).
+* ``POST /_sandbox/reset`` / ``reset()``: forget transactions, refunds,
+  scripts and logs (issued tokens stay valid).
 
 Callback: when a transaction first becomes terminal (SUCCESSFUL or FAILED,
 seen at a status read, by its success timer, at creation for the sandbox
@@ -181,6 +212,8 @@ REASON_MESSAGES: dict[str, str] = {
     "EXPIRED": "The requested resource has expired",
     "TRANSACTION_CANCELED": "The transaction was canceled by the initiator",
     "RESOURCE_ALREADY_EXIST": "Duplicated reference id. Creation of resource failed",
+    "REFUND_TARGET_NOT_FOUND": "referenceIdToRefund names no transaction (sandbox code)",
+    "REFUND_TARGET_NOT_SUCCESSFUL": "The transaction to refund is not SUCCESSFUL (sandbox code)",
     "ONGOING": "The transaction is still ongoing",
     "PAYER_DELAYED": "The payer has not yet responded",
     "COULD_NOT_PERFORM_TRANSACTION": "The payer did not approve the transaction in time",
@@ -191,6 +224,7 @@ PENDING, SUCCESSFUL, FAILED = "PENDING", "SUCCESSFUL", "FAILED"
 STATUSES = (PENDING, SUCCESSFUL, FAILED)
 _TERMINAL = (SUCCESSFUL, FAILED)
 _DEFAULT_DECLINE = "APPROVAL_REJECTED"
+_DEFAULT_REFUND_FAILURE = "INTERNAL_PROCESSING_ERROR"
 
 _UUID4_RE = re.compile(
     r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-4[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}$"
@@ -205,7 +239,15 @@ _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhos
 _SCRIPT_KEYS = frozenset({
     "pending_reads", "outcome", "reason", "status_errors", "rtp_errors",
     "rtp_record_then_error", "status_delay_seconds", "rtp_delay_seconds", "callback",
+    "refund_pending_reads", "refund_outcome", "refund_reason", "refund_status_errors",
+    "refund_errors", "refund_record_then_error", "refund_status_delay_seconds",
 })
+
+COLLECTION, DISBURSEMENT = "collection", "disbursement"
+_RTP_PATH = "/collection/v1_0/requesttopay"
+_REFUND_PATH = "/disbursement/v1_0/refund"
+REFUND_TARGET_NOT_FOUND = "REFUND_TARGET_NOT_FOUND"
+REFUND_TARGET_NOT_SUCCESSFUL = "REFUND_TARGET_NOT_SUCCESSFUL"
 
 
 # --------------------------------------------------------------------------- state
@@ -222,6 +264,13 @@ class _Script:
     status_delay_seconds: float = 0.0
     rtp_delay_seconds: float = 0.0
     callback: bool = True
+    refund_pending_reads: int | None = None
+    refund_outcome: str | None = None
+    refund_reason: str | None = None
+    refund_status_errors: list[int] = field(default_factory=list)
+    refund_errors: list[int] = field(default_factory=list)
+    refund_record_then_error: list[int] = field(default_factory=list)
+    refund_status_delay_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -234,6 +283,13 @@ class _Script:
             "status_delay_seconds": self.status_delay_seconds,
             "rtp_delay_seconds": self.rtp_delay_seconds,
             "callback": self.callback,
+            "refund_pending_reads": self.refund_pending_reads,
+            "refund_outcome": self.refund_outcome,
+            "refund_reason": self.refund_reason,
+            "refund_status_errors": list(self.refund_status_errors),
+            "refund_errors": list(self.refund_errors),
+            "refund_record_then_error": list(self.refund_record_then_error),
+            "refund_status_delay_seconds": self.refund_status_delay_seconds,
         }
 
 
@@ -265,6 +321,10 @@ class _Txn:
     forced: bool = False
     was_terminal: bool = False
     callback_sent: bool = False
+    # a refund (Disbursement) instead of a request-to-pay; ``payer`` is then
+    # the payee, and ``refund_of`` the refunded request-to-pay's reference
+    kind: str = COLLECTION
+    refund_of: str | None = None
 
 
 @dataclass
@@ -347,6 +407,27 @@ def _parse_script(opts: Mapping[str, Any]) -> _Script:
         if not isinstance(opts["callback"], bool):
             raise ValueError("callback must be true or false")
         s.callback = opts["callback"]
+    if opts.get("refund_pending_reads") is not None:
+        pr = opts["refund_pending_reads"]
+        if isinstance(pr, bool) or not isinstance(pr, int) or pr < 0:
+            raise ValueError("refund_pending_reads must be a non-negative integer")
+        s.refund_pending_reads = pr
+    if opts.get("refund_outcome") is not None:
+        if opts["refund_outcome"] not in STATUSES:
+            raise ValueError(f"refund_outcome must be one of {', '.join(STATUSES)}")
+        s.refund_outcome = opts["refund_outcome"]
+    if opts.get("refund_reason") is not None:
+        if not isinstance(opts["refund_reason"], str) or not opts["refund_reason"]:
+            raise ValueError("refund_reason must be a non-empty string")
+        if s.refund_outcome != FAILED:
+            raise ValueError("refund_reason needs refund_outcome='FAILED'")
+        s.refund_reason = opts["refund_reason"]
+    for name in ("refund_status_errors", "refund_errors", "refund_record_then_error"):
+        if opts.get(name) is not None:
+            setattr(s, name, _check_codes(name, opts[name]))
+    if opts.get("refund_status_delay_seconds") is not None:
+        s.refund_status_delay_seconds = _check_delay("refund_status_delay_seconds",
+                                                     opts["refund_status_delay_seconds"])
     return s
 
 
@@ -495,6 +576,9 @@ class SandboxRail:
         callback_method: str = "POST",
         callback_hosts: Iterable[str] | None = None,
         max_log_entries: int = 100_000,
+        disbursement_subscription_key: str | None = None,
+        disbursement_api_user: str | None = None,
+        disbursement_api_key: str | None = None,
     ) -> None:
         if reason_shape not in ("object", "string"):
             raise ValueError("reason_shape must be 'object' or 'string'")
@@ -505,6 +589,10 @@ class SandboxRail:
         self.subscription_key = subscription_key
         self.api_user = api_user
         self.api_key = api_key
+        #: the Disbursement product's credentials (refunds); default: the Collection ones
+        self.disbursement_subscription_key = disbursement_subscription_key or subscription_key
+        self.disbursement_api_user = disbursement_api_user or api_user
+        self.disbursement_api_key = disbursement_api_key or api_key
         self.target_environment = target_environment
         self.success_after_seconds = float(success_after_seconds)
         self.token_ttl_seconds = token_ttl_seconds
@@ -516,7 +604,9 @@ class SandboxRail:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._tokens: dict[str, float] = {}  # sha256(token) -> monotonic expiry
+        self._disbursement_tokens: dict[str, float] = {}  # the same, for the Disbursement product
         self._txns: dict[str, _Txn] = {}
+        self._refunds: dict[str, _Txn] = {}  # refunds by their X-Reference-Id
         self._scripts: dict[str, _Script] = {}
         self._log: deque[dict[str, Any]] = deque(maxlen=max_log_entries)
         self._callbacks: deque[dict[str, Any]] = deque(maxlen=max_log_entries)
@@ -675,6 +765,39 @@ class SandboxRail:
             t = self._txns.get(ref)
             return None if t is None else self._txn_state(t)
 
+    def refunds(self) -> list[dict[str, Any]]:
+        """Current state of every refund, oldest first."""
+        self._fire_due_timers()
+        with self._lock:
+            return [self._refund_state(t) for t in self._refunds.values()]
+
+    def refund(self, ref: str) -> dict[str, Any] | None:
+        """One refund's state by its X-Reference-Id, or None."""
+        self._fire_due_timers()
+        with self._lock:
+            t = self._refunds.get(ref)
+            return None if t is None else self._refund_state(t)
+
+    def set_refund_status(self, ref: str, status: str, reason: str | None = None) -> dict[str, Any]:
+        """Force refund ``ref`` to ``status`` for ever (e.g. make the rail
+        contradict a settled refund). Raises KeyError for an unknown reference."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}")
+        if reason is not None and (not isinstance(reason, str) or not reason):
+            raise ValueError("reason must be a non-empty string")
+        with self._lock:
+            txn = self._refunds[ref]
+            txn.forced = True
+            self._become(txn, status, (reason or _DEFAULT_REFUND_FAILURE) if status == FAILED else None)
+            state = self._refund_state(txn)
+        log.info("sandbox: refund %s forced to %s %s", ref, status, txn.reason or "")
+        return state
+
+    def forget_refund(self, ref: str) -> bool:
+        """The rail forgets refund ``ref`` (status reads answer 404). True if it existed."""
+        with self._lock:
+            return self._refunds.pop(ref, None) is not None
+
     def requests_log(self) -> list[dict[str, Any]]:
         """Every MoMo request received, in arrival order: ``{method, path,
         reference, status_code, at}`` (``status_code`` None while in flight,
@@ -703,6 +826,7 @@ class SandboxRail:
         tokens stay valid."""
         with self._cond:
             self._txns.clear()
+            self._refunds.clear()
             self._scripts.clear()
             self._log.clear()
             self._callbacks.clear()
@@ -773,6 +897,20 @@ class SandboxRail:
             "callbackSent": txn.callback_sent,
         }
 
+    def _refund_body(self, txn: _Txn) -> dict[str, Any]:
+        """A refund's status body: the request-to-pay shape, ``payee`` for ``payer``."""
+        body = self._status_body(txn)
+        body["payee"] = body.pop("payer")
+        return body
+
+    def _refund_state(self, txn: _Txn) -> dict[str, Any]:
+        state = self._txn_state(txn)
+        state["payee"] = state.pop("payer")
+        state.pop("callbackUrl", None)
+        state.pop("callbackSent", None)
+        state["referenceIdToRefund"] = txn.refund_of
+        return state
+
     # ------------------------------------------------------------ success timer
 
     def _start_timer_thread(self) -> None:
@@ -796,7 +934,8 @@ class SandboxRail:
         with self._lock:
             while self._timers and self._timers[0][0] <= now:
                 _, _, ref, txn = heapq.heappop(self._timers)
-                if self._txns.get(ref) is not txn or txn.forced or txn.status != PENDING:
+                table = self._refunds if txn.kind == DISBURSEMENT else self._txns
+                if table.get(ref) is not txn or txn.forced or txn.status != PENDING:
                     continue
                 fire = self._become(txn, SUCCESSFUL, None)
                 if fire:
@@ -837,6 +976,10 @@ class SandboxRail:
             reference = urllib.parse.unquote(path[len("/collection/v1_0/requesttopay/"):])
         elif path == "/collection/v1_0/requesttopay":
             reference = headers.get("X-Reference-Id")
+        elif path.startswith(_REFUND_PATH + "/"):
+            reference = urllib.parse.unquote(path[len(_REFUND_PATH) + 1:])
+        elif path == _REFUND_PATH:
+            reference = headers.get("X-Reference-Id")
         entry = {"method": method, "path": path, "reference": reference, "status_code": None, "at": time.time()}
         with self._lock:
             self._log.append(entry)
@@ -845,6 +988,16 @@ class SandboxRail:
                 resp = self._token(method, headers) if method == "POST" else _method_not_allowed()
             elif path == "/collection/v1_0/requesttopay":
                 resp = self._request_to_pay(headers, body) if method == "POST" else _method_not_allowed()
+            elif path in ("/disbursement/token/", "/disbursement/token"):
+                resp = (self._token(method, headers, DISBURSEMENT) if method == "POST"
+                        else _method_not_allowed())
+            elif path == _REFUND_PATH:
+                resp = self._refund(headers, body) if method == "POST" else _method_not_allowed()
+            elif path.startswith(_REFUND_PATH + "/"):
+                resp = (_error(404, "RESOURCE_NOT_FOUND", "Resource not found", statusCode=404)
+                        if not reference or "/" in reference
+                        else self._refund_status(headers, reference) if method == "GET"
+                        else _method_not_allowed())
             elif reference is not None and reference and "/" not in reference:
                 resp = self._status(headers, reference) if method == "GET" else _method_not_allowed()
             else:
@@ -860,9 +1013,10 @@ class SandboxRail:
                      resp.body.get("code") if isinstance(resp.body, dict) else "")
         return resp
 
-    def _check_subscription(self, headers: Any) -> _Resp | None:
+    def _check_subscription(self, headers: Any, product: str = COLLECTION) -> _Resp | None:
         key = headers.get("Ocp-Apim-Subscription-Key")
-        if not key or not hmac.compare_digest(key.encode(), self.subscription_key.encode()):
+        expected = self.disbursement_subscription_key if product == DISBURSEMENT else self.subscription_key
+        if not key or not hmac.compare_digest(key.encode(), expected.encode()):
             what = "missing" if not key else "invalid"
             return _error(401, "ACCESS_DENIED",
                           f"Access denied due to {what} subscription key. "
@@ -870,15 +1024,16 @@ class SandboxRail:
                           statusCode=401)
         return None
 
-    def _check_bearer(self, headers: Any) -> _Resp | None:
+    def _check_bearer(self, headers: Any, product: str = COLLECTION) -> _Resp | None:
         auth = headers.get("Authorization", "")
         scheme, _, token = auth.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return _error(401, "ACCESS_DENIED", "Access denied due to missing or invalid access token", statusCode=401)
         digest = hashlib.sha256(token.encode()).hexdigest()
+        tokens = self._disbursement_tokens if product == DISBURSEMENT else self._tokens
         with self._lock:
-            expiry = self._tokens.get(digest)
+            expiry = tokens.get(digest)
         if expiry is None:
             return _error(401, "ACCESS_DENIED", "Access denied due to invalid access token", statusCode=401)
         if expiry <= time.monotonic():
@@ -890,8 +1045,8 @@ class SandboxRail:
             return _error(400, "NOT_ALLOWED_TARGET_ENVIRONMENT")
         return None
 
-    def _token(self, method: str, headers: Any) -> _Resp:
-        err = self._check_subscription(headers)
+    def _token(self, method: str, headers: Any, product: str = COLLECTION) -> _Resp:
+        err = self._check_subscription(headers, product)
         if err:
             return err
         scheme, _, cred = headers.get("Authorization", "").partition(" ")
@@ -899,16 +1054,20 @@ class SandboxRail:
             decoded = base64.b64decode(cred.strip(), validate=True) if scheme.lower() == "basic" else None
         except (binascii.Error, ValueError):
             decoded = None
-        expected = f"{self.api_user}:{self.api_key}".encode()
+        if product == DISBURSEMENT:
+            expected = f"{self.disbursement_api_user}:{self.disbursement_api_key}".encode()
+        else:
+            expected = f"{self.api_user}:{self.api_key}".encode()
         if decoded is None or not hmac.compare_digest(decoded, expected):
             return _error(401, "LOGIN_FAILED", "Authentication failed: invalid API user or API key")
         token = secrets.token_urlsafe(32)
+        tokens = self._disbursement_tokens if product == DISBURSEMENT else self._tokens
         with self._lock:
             now = time.monotonic()
             # drop expired tokens so the table cannot grow for ever
-            for k in [k for k, exp in self._tokens.items() if exp <= now]:
-                del self._tokens[k]
-            self._tokens[hashlib.sha256(token.encode()).hexdigest()] = now + self.token_ttl_seconds
+            for k in [k for k, exp in tokens.items() if exp <= now]:
+                del tokens[k]
+            tokens[hashlib.sha256(token.encode()).hexdigest()] = now + self.token_ttl_seconds
         return _Resp(200, {"access_token": token, "token_type": "access_token",
                            "expires_in": self.token_ttl_seconds})
 
@@ -1038,6 +1197,109 @@ class SandboxRail:
             resp.after.append(fire)
         return resp
 
+    def _refund(self, headers: Any, raw: bytes) -> _Resp:
+        """``POST /disbursement/v1_0/refund`` (see the module docstring)."""
+        for check in (self._check_subscription, self._check_bearer):
+            err = check(headers, DISBURSEMENT)
+            if err:
+                return err
+        err = self._check_target(headers)
+        if err:
+            return err
+        ref = headers.get("X-Reference-Id") or ""
+        if not _UUID4_RE.match(ref):
+            return _error(400, "BAD_REQUEST", "X-Reference-Id must be a UUID version 4")
+        parsed = _parse_refund_body(raw)
+        if isinstance(parsed, _Resp):
+            return parsed
+        self._fire_due_timers()  # a collection whose success timer is due counts as SUCCESSFUL
+        with self._cond:
+            original = self._txns.get(parsed["referenceIdToRefund"])
+            script = self._scripts.get(original.payer.get("partyId", "")) if original else None
+            if script and script.refund_errors:
+                code = script.refund_errors.pop(0)
+                resp = _error_for_http(code)
+                log.info("sandbox: refund %s answered %s without recording (scripted)", ref, code)
+            elif ref in self._refunds:
+                resp = _error(409, "RESOURCE_ALREADY_EXIST")
+            else:
+                txn = self._new_refund(ref, parsed, original, script)
+                self._refunds[ref] = txn
+                if original is None:
+                    self._become(txn, FAILED, REFUND_TARGET_NOT_FOUND)
+                elif original.status != SUCCESSFUL:
+                    self._become(txn, FAILED, REFUND_TARGET_NOT_SUCCESSFUL)
+                elif not txn.read_driven:
+                    due = time.monotonic() + self.success_after_seconds
+                    heapq.heappush(self._timers, (due, next(self._seq), ref, txn))
+                    self._cond.notify_all()
+                if script and script.refund_record_then_error:
+                    code = script.refund_record_then_error.pop(0)
+                    resp = _error_for_http(code)
+                    log.info("sandbox: refund %s recorded but answered %s (scripted)", ref, code)
+                else:
+                    resp = _Resp(202)
+                    log.info("sandbox: refund %s of %s accepted (%s %s)", ref,
+                             parsed["referenceIdToRefund"], parsed["amount"], parsed["currency"])
+        return resp
+
+    def _new_refund(self, ref: str, body: dict[str, Any], original: _Txn | None,
+                    script: _Script | None) -> _Txn:
+        read_driven = bool(script and (script.refund_pending_reads is not None
+                                       or script.refund_outcome is not None))
+        outcome = script.refund_outcome if script and script.refund_outcome else SUCCESSFUL
+        outcome_reason = None
+        if outcome == FAILED:
+            outcome_reason = (script.refund_reason if script else None) or _DEFAULT_REFUND_FAILURE
+        return _Txn(
+            reference=ref,
+            amount=body["amount"],
+            currency=body["currency"],
+            external_id=body["externalId"],
+            payer=dict(original.payer) if original else {"partyIdType": "MSISDN", "partyId": ""},
+            payer_message=body.get("payerMessage", ""),
+            payee_note=body.get("payeeNote", ""),
+            created_at=time.time(),
+            callback_url=None,
+            read_driven=read_driven,
+            pending_reads=(script.refund_pending_reads or 0) if script else 0,
+            outcome=outcome,
+            outcome_reason=outcome_reason,
+            status_errors=list(script.refund_status_errors) if script else [],
+            status_delay=script.refund_status_delay_seconds if script else 0.0,
+            callback_enabled=False,
+            kind=DISBURSEMENT,
+            refund_of=body["referenceIdToRefund"],
+        )
+
+    def _refund_status(self, headers: Any, ref: str) -> _Resp:
+        """``GET /disbursement/v1_0/refund/{referenceId}``."""
+        for check in (self._check_subscription, self._check_bearer):
+            err = check(headers, DISBURSEMENT)
+            if err:
+                return err
+        err = self._check_target(headers)
+        if err:
+            return err
+        with self._lock:
+            txn = self._refunds.get(ref)
+            if txn is None:
+                return _error(404, "RESOURCE_NOT_FOUND")
+            txn.reads += 1
+            delay = txn.status_delay
+        if delay:
+            self._stopping.wait(delay)
+        self._fire_due_timers()  # a due success timer wins over a racing read
+        with self._lock:
+            if self._refunds.get(ref) is not txn:
+                return _error(404, "RESOURCE_NOT_FOUND")
+            if txn.status_errors:
+                code = txn.status_errors.pop(0)
+                log.info("sandbox: status read of refund %s answered %s (scripted)", ref, code)
+                return _error_for_http(code)
+            self._on_read(txn)
+            return _Resp(200, self._refund_body(txn))
+
     # ------------------------------------------------------------ control endpoints
 
     def _control(self, method: str, path: str, raw: bytes) -> _Resp:
@@ -1054,6 +1316,24 @@ class SandboxRail:
                 return _Resp(200, self.transactions())
             if parts == ["payers"] and method == "GET":
                 return _Resp(200, self.scripts())
+            if parts == ["refunds"] and method == "GET":
+                return _Resp(200, self.refunds())
+            if len(parts) == 2 and parts[0] == "refunds":
+                ref = parts[1]
+                if method == "GET":
+                    state = self.refund(ref)
+                    return _Resp(200, state) if state else _error(404, "RESOURCE_NOT_FOUND")
+                if method == "PUT":
+                    opts = _json_object(raw)
+                    extra = set(opts) - {"status", "reason"}
+                    if extra:
+                        raise ValueError(f"unknown field(s): {', '.join(sorted(extra))}")
+                    try:
+                        return _Resp(200, self.set_refund_status(ref, opts.get("status"), opts.get("reason")))
+                    except KeyError:
+                        return _error(404, "RESOURCE_NOT_FOUND")
+                if method == "DELETE":
+                    return _Resp(204) if self.forget_refund(ref) else _error(404, "RESOURCE_NOT_FOUND")
             if len(parts) == 2 and parts[0] == "payers":
                 if method == "PUT":
                     opts = _json_object(raw, allow_empty=True)
@@ -1122,6 +1402,36 @@ def _parse_rtp_body(raw: bytes) -> dict[str, Any] | _Resp:
     if (not isinstance(payer, dict) or payer.get("partyIdType") not in ("MSISDN", "EMAIL", "PARTY_CODE")
             or not isinstance(payer.get("partyId"), str) or not payer["partyId"]):
         return bad("payer must be {partyIdType: MSISDN|EMAIL|PARTY_CODE, partyId}")
+    for name in ("payerMessage", "payeeNote"):
+        v = body.get(name)
+        if v is not None and (not isinstance(v, str) or len(v) > _MAX_MESSAGE):
+            return bad(f"{name} must be a string of at most {_MAX_MESSAGE} characters")
+    return body
+
+
+def _parse_refund_body(raw: bytes) -> dict[str, Any] | _Resp:
+    """The refund body: ``{amount: "string", currency, externalId,
+    payerMessage?, payeeNote?, referenceIdToRefund (UUID)}``."""
+    def bad(msg: str) -> _Resp:
+        return _error(400, "BAD_REQUEST", msg)
+
+    try:
+        body = json.loads(raw) if raw.strip() else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return bad("Body is not valid JSON")
+    if not isinstance(body, dict):
+        return bad("Body must be a JSON object")
+    amount = body.get("amount")
+    if not isinstance(amount, str) or not _AMOUNT_RE.match(amount) or float(amount) <= 0:
+        return bad("amount must be a positive decimal number in a string")
+    currency = body.get("currency")
+    if not isinstance(currency, str) or not re.fullmatch(r"[A-Z]{3}", currency):
+        return bad("currency must be an ISO 4217 code")
+    if not isinstance(body.get("externalId"), str):
+        return bad("externalId must be a string")
+    target = body.get("referenceIdToRefund")
+    if not isinstance(target, str) or not _UUID4_RE.match(target):
+        return bad("referenceIdToRefund must be the UUID of the transaction to refund")
     for name in ("payerMessage", "payeeNote"):
         v = body.get(name)
         if v is not None and (not isinstance(v, str) or len(v) > _MAX_MESSAGE):

@@ -1,0 +1,286 @@
+"""The refund state machine: every refund transition, in one module.
+
+Refunds: ``pending`` → ``succeeded`` | ``failed`` | ``unresolved``;
+``unresolved`` → ``succeeded`` | ``failed``. Only a ``succeeded`` charge can
+be refunded, and the refunds of a charge that have not failed never add up
+to more than its amount. A refund changes neither its charge nor its intent:
+a charge that was paid stays ``succeeded``; the refund is its own record.
+
+The rules are the charge's (design page, "The job queue" and "Timers assert
+nothing"; docs/flows/refunds.md):
+
+* The ``refund_poll:<refund_id>`` job is born with the refund, in the same
+  transaction, and the rail is asked only after that commits (``submit``), so
+  every kill point leaves the poll behind.
+* Only the authenticated refund status read (``Rail.refund_status``) settles
+  a refund. 5xx, timeouts and unreadable answers are "no answer", never a
+  decline. A status 404 for a refund the rail never confirmed means the
+  request never arrived: the poll re-sends it with the same
+  ``X-Reference-Id`` (MoMo answers 409 if it did arrive after all).
+* Every transition is one transaction and a compare-and-swap on the status,
+  writes exactly one event (``refund.succeeded`` / ``refund.failed``, on the
+  charge's intent, with its ``fanout:`` job), and no status moves backwards.
+  A terminal refund the rail reports the other way gets a
+  ``rail_contradiction`` alert and is not changed.
+* Still pending 24 hours after ``created_at``: ``unresolved``, one
+  ``refund_unresolved`` alert, polled hourly for ever.
+
+Amounts are integers in minor units; ages and horizons are seconds, measured
+by the database's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from . import money, queue, testhooks
+from .ids import new_id, new_rail_reference
+from .queries import Q
+from .rails.port import Rail, RefundRequest, StatusKind, Submit, SubmitKind
+
+log = logging.getLogger("vpay.refunds")
+
+FIRST_POLL_SECONDS = money.FIRST_POLL_SECONDS  # the ladder's first rung, 10 s
+REASON_MAX_CHARS = 160
+
+
+class InvalidRefund(ValueError):
+    """A refund that may not be created. ``param`` names the offending input
+    (``charge``, ``amount``, ``reason``); ``code`` says why:
+    ``charge_not_found``, ``charge_not_succeeded``, ``invalid_amount``,
+    ``amount_exceeds_refundable``, ``nothing_to_refund``, ``invalid_reason``.
+    Nothing was written."""
+
+    def __init__(self, param: str, code: str, message: str):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+def create_refund(conn: psycopg.Connection, *, charge_id: str, amount: int | None = None,
+                  reason: str | None = None) -> dict[str, Any]:
+    """Create a pending refund of ``charge_id`` and its
+    ``refund_poll:<refund_id>`` job (due in ``FIRST_POLL_SECONDS``), in ONE
+    transaction. Answers the refund row. The rail is not asked here: call
+    ``submit`` after this returns (``create_and_submit`` does both).
+
+    ``amount`` is in minor units, default the whole refundable remainder;
+    ``reason`` (optional, at most 160 characters) is the merchant's, kept on
+    the row. The charge row is locked (``SELECT … FOR UPDATE``) before the
+    charge's non-failed refunds are summed, so two concurrent creates cannot
+    together give back more than the charge's amount.
+
+    Raises ``InvalidRefund`` (nothing written) when the charge is unknown,
+    is not ``succeeded``, or ``amount`` is not a positive int or exceeds the
+    charge's amount minus its other non-failed refunds.
+    """
+    if amount is not None and (isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0):
+        raise InvalidRefund("amount", "invalid_amount", "amount must be a positive whole number of minor units")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > REASON_MAX_CHARS):
+        raise InvalidRefund("reason", "invalid_reason",
+                            f"reason must be text of at most {REASON_MAX_CHARS} characters")
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        charge = cur.execute(Q["lock_charge_for_refund"], {"charge_id": charge_id}).fetchone()
+        if charge is None:
+            raise InvalidRefund("charge", "charge_not_found", f"no charge {charge_id!r}")
+        if charge["status"] != "succeeded":
+            raise InvalidRefund("charge", "charge_not_succeeded",
+                                f"charge {charge_id} is {charge['status']}: only a succeeded charge "
+                                "can be refunded")
+        refunded = cur.execute(Q["refunded_amount"], {"charge_id": charge_id}).fetchone()["refunded"]
+        remaining = charge["amount"] - refunded
+        if remaining <= 0:
+            raise InvalidRefund("amount", "nothing_to_refund",
+                                f"charge {charge_id} is fully refunded (or being refunded)")
+        if amount is None:
+            amount = remaining
+        if amount > remaining:
+            raise InvalidRefund("amount", "amount_exceeds_refundable",
+                                f"amount {amount} exceeds what charge {charge_id} can still refund: "
+                                f"{remaining} of {charge['amount']} {charge['currency']} minor units")
+        refund = cur.execute(Q["insert_refund"], {
+            "id": new_id("re"), "charge_id": charge_id, "rail": charge["rail"],
+            "rail_reference": new_rail_reference(), "amount": amount,
+            "currency": charge["currency"], "reason": reason}).fetchone()
+        queue.enqueue(conn, "refund_poll", f"refund_poll:{refund['id']}",
+                      {"refund_id": refund["id"], "charge_id": charge_id}, delay=FIRST_POLL_SECONDS)
+    log.info("refund created", extra={"refund_id": refund["id"], "charge_id": charge_id,
+                                      "amount": amount, "currency": refund["currency"],
+                                      "remaining_before": remaining})
+    return refund
+
+
+def load_refund(conn: psycopg.Connection, refund_id: str) -> dict[str, Any] | None:
+    """A refund row plus ``age_seconds`` (database clock), and from its
+    charge ``charge_rail_reference``, ``payer`` and ``payment_intent_id``;
+    ``None`` when unknown."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["load_refund"], {"id": refund_id}).fetchone()
+
+
+def refund_request(refund: dict[str, Any]) -> RefundRequest:
+    """The rail port's view of a ``load_refund`` row."""
+    return RefundRequest(refund_id=refund["id"], rail_reference=refund["rail_reference"],
+                         charge_rail_reference=refund["charge_rail_reference"],
+                         amount=refund["amount"], currency=refund["currency"], payer=refund["payer"])
+
+
+def mark_submitted(conn: psycopg.Connection, refund_id: str) -> bool:
+    """The rail accepted the refund request: set ``submitted_at`` once."""
+    return conn.execute(Q["mark_refund_submitted"], {"id": refund_id}).fetchone() is not None
+
+
+def record_poll(conn: psycopg.Connection, refund_id: str, rail_knows: bool) -> None:
+    """Stamp ``last_polled_at``; when the rail knew the reference, also
+    ``submitted_at`` (recovers a kill between the rail's 202 and our write)."""
+    conn.execute(Q["record_refund_poll"], {"id": refund_id, "rail_knows": rail_knows})
+
+
+def submit(conn: psycopg.Connection, rail: Rail, refund: dict[str, Any]) -> Submit:
+    """Send the refund request for a ``load_refund`` row (or one with
+    ``charge_rail_reference`` and ``payer``) and record the answer: accepted
+    → ``submitted_at``; rejected for good → the refund fails with the rail's
+    reason (one ``refund.failed``); no answer → nothing: the poll job reads
+    the status and re-sends on a 404. Same ``X-Reference-Id`` every time.
+    Never raises for the rail's answer."""
+    answer = rail.refund(refund_request(refund))
+    if answer.kind is SubmitKind.ACCEPTED:
+        testhooks.pause("after_refund_accepted")
+        mark_submitted(conn, refund["id"])
+    elif answer.kind is SubmitKind.REJECTED:
+        settle_refund(conn, refund["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
+    else:
+        log.warning("refund request not confirmed; the poll will ask and re-send",
+                    extra={"refund_id": refund["id"], "reason": answer.reason,
+                           "http_status": answer.http_status})
+    return answer
+
+
+def settle_refund(conn: psycopg.Connection, refund_id: str, kind: StatusKind, *,
+                  failure_code: str | None = None,
+                  rail_transaction_id: str | None = None) -> money.Settled:
+    """Move a live refund (``pending`` / ``unresolved``) to ``succeeded``
+    (``kind`` SUCCEEDED) or ``failed`` (FAILED, ``failure_code`` kept,
+    default ``unknown``), with one ``refund.succeeded`` / ``refund.failed``
+    event on the charge's intent, in one transaction.
+
+    A compare-and-swap on the refund's status: a refund already terminal is
+    not changed (``transitioned`` False); if it ended the other way, a
+    ``rail_contradiction`` alert is written (``contradiction`` True). The
+    charge and intent are never changed. Raises ``ValueError`` for a
+    non-terminal ``kind`` and ``LookupError`` for an unknown refund.
+    """
+    if kind not in (StatusKind.SUCCEEDED, StatusKind.FAILED):
+        raise ValueError(f"settle_refund needs a terminal outcome, got {kind}")
+    status = "succeeded" if kind is StatusKind.SUCCEEDED else "failed"
+    code = (failure_code or "unknown") if status == "failed" else None
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        refund = cur.execute(Q["settle_refund"], {
+            "id": refund_id, "status": status, "failure_code": code,
+            "rail_transaction_id": rail_transaction_id}).fetchone()
+        if refund is None:
+            current = cur.execute("SELECT id, charge_id, status, failure_code FROM refunds WHERE id = %s",
+                                  (refund_id,)).fetchone()
+            if current is None:
+                raise LookupError(f"no refund {refund_id}")
+            if current["status"] in ("succeeded", "failed") and current["status"] != status:
+                note_contradiction(conn, current, status, code, where="settle_refund")
+                return money.Settled(False, current["status"], contradiction=True)
+            return money.Settled(False, current["status"])
+        charge = money.load_charge(conn, refund["charge_id"])
+        intent = cur.execute(Q["load_intent"], {"id": charge["payment_intent_id"]}).fetchone()
+        money.emit_event(conn, f"refund.{status}", intent, charge, {"refund": refund_view(refund)})
+    log.info("refund settled", extra={"refund_id": refund_id, "charge_id": refund["charge_id"],
+                                      "status": status, "failure_code": code})
+    return money.Settled(True, status)
+
+
+def note_contradiction(conn: psycopg.Connection, refund: dict[str, Any], rail_says: str,
+                       rail_code: str | None, *, where: str) -> None:
+    """Alert that the rail reports the opposite of a settled refund
+    (``refund`` needs ``id``, ``charge_id``, ``status``, ``failure_code``);
+    change nothing else (runbook: worker-queue, contradictions)."""
+    details = {"refund_id": refund["id"], "ours": refund["status"],
+               "our_failure_code": refund["failure_code"], "rail_says": rail_says,
+               "rail_reason": rail_code, "where": where}
+    _alert(conn, "rail_contradiction", refund["charge_id"], refund["id"], details)
+    log.error("rail contradicts a settled refund", extra={"charge_id": refund["charge_id"], **details})
+
+
+def escalate_refund(conn: psycopg.Connection, refund_id: str, horizon_seconds: float) -> bool:
+    """At the horizon (``horizon_seconds`` after ``created_at``, 24 h by
+    default), a refund still ``pending`` becomes ``unresolved`` and one
+    ``refund_unresolved`` alert is written (logged at error, once). No event:
+    the merchant hears when it settles. Answers whether this call escalated."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        refund = cur.execute(Q["escalate_refund"], {"id": refund_id,
+                                                    "horizon": horizon_seconds}).fetchone()
+        if refund is None:
+            return False
+        _alert(conn, "refund_unresolved", refund["charge_id"], refund_id, {
+            "refund_id": refund_id, "rail": refund["rail"], "rail_reference": refund["rail_reference"],
+            "amount": refund["amount"], "currency": refund["currency"],
+            "created_at": refund["created_at"].isoformat()})
+    log.error("refund unresolved at the horizon: reconcile against the rail's statement",
+              extra={"refund_id": refund_id, "charge_id": refund["charge_id"], "rail": refund["rail"],
+                     "rail_reference": refund["rail_reference"], "horizon_seconds": horizon_seconds})
+    return True
+
+
+def _alert(conn: psycopg.Connection, kind: str, charge_id: str, refund_id: str,
+           details: dict[str, Any]) -> bool:
+    return conn.execute(Q["insert_refund_alert"], {
+        "kind": kind, "charge_id": charge_id, "refund_id": refund_id,
+        "details": Jsonb(details)}).fetchone() is not None
+
+
+def refund_view(refund: dict[str, Any]) -> dict[str, Any]:
+    """The merchant-facing JSON of a refund (times as ISO 8601; amount in
+    minor units)."""
+    keys = ("id", "charge_id", "rail", "rail_reference", "amount", "currency", "status",
+            "failure_code", "rail_transaction_id", "reason")
+    times = ("created_at", "submitted_at", "settled_at", "unresolved_at", "last_polled_at")
+    return ({"object": "refund"} | {k: refund.get(k) for k in keys}
+            | {k: _iso(refund.get(k)) for k in times})
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def show(conn: psycopg.Connection, refund_id: str) -> dict[str, Any] | None:
+    """``{"refund", "charge", "events"}`` as JSON-ready dicts (the refund's
+    own events only); ``None`` when unknown."""
+    refund = load_refund(conn, refund_id)
+    if refund is None:
+        return None
+    charge = money.load_charge(conn, refund["charge_id"])
+    with conn.cursor(row_factory=dict_row) as cur:
+        events = cur.execute(Q["events_of_refund"], {"payment_intent_id": refund["payment_intent_id"],
+                                                     "refund_id": refund_id}).fetchall()
+    return {"refund": refund_view(refund), "charge": money.charge_view(charge),
+            "events": [{"id": e["id"], "type": e["type"], "created": _iso(e["created_at"])}
+                       for e in events]}
+
+
+def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, charge_id: str,
+                      amount: int | None = None, reason: str | None = None) -> dict[str, Any]:
+    """Create (one transaction), then submit, then read back. Answers
+    ``{"refund": refund_view}``. Raises ``InvalidRefund`` (nothing written)
+    and ``RailError`` when the charge's rail is not configured (checked
+    before writing)."""
+    with pool.connection() as conn:
+        row = conn.execute("SELECT rail FROM charges WHERE id = %s", (charge_id,)).fetchone()
+    adapter = rail_for(row[0]) if row else None
+    with pool.connection() as conn:
+        created = create_refund(conn, charge_id=charge_id, amount=amount, reason=reason)
+    testhooks.pause("after_refund_commit")
+    with pool.connection() as conn:
+        submit(conn, adapter, load_refund(conn, created["id"]))
+        return {"refund": refund_view(load_refund(conn, created["id"]))}

@@ -1,0 +1,78 @@
+"""``vpay-server refunds``: refund a succeeded charge, and look a refund up.
+
+``create --charge ch_… [--amount N] [--reason TEXT]`` creates the refund and
+its poll job in one transaction, asks the rail, and prints ``{"refund": …}``
+(the worker settles it later). ``show re_…`` prints the refund, its charge and
+its events. Output is JSON on stdout (logs go to stderr). Exit codes: 0 done,
+1 unknown charge or refund, 2 a refund that may not be made (charge not
+succeeded, amount above what is left, bad input), 78 configuration refused.
+``create`` is not idempotent: run twice, it makes two refunds (bounded by
+what the charge has left).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+EX_CONFIG = 78
+
+
+def _refuse(message: str) -> None:
+    click.echo(f"vpay: configuration refused: {message}", err=True)
+    sys.exit(EX_CONFIG)
+
+
+def _url() -> str:
+    from .db import ConfigError, database_url
+    try:
+        return database_url()
+    except ConfigError as exc:
+        _refuse(str(exc))
+
+
+@click.group()
+def refunds() -> None:
+    """Refunds of succeeded charges (JSON out)."""
+
+
+@refunds.command("create")
+@click.option("--charge", "charge_id", required=True, help="The succeeded charge to refund (ch_...).")
+@click.option("--amount", type=int, default=None,
+              help="Minor units (e.g. 1050 = 10.50 EUR) [default: all that is left to refund].")
+@click.option("--reason", default=None, help="Why, kept on the refund (at most 160 characters).")
+def create(charge_id: str, amount: int | None, reason: str | None) -> None:
+    """Refund a succeeded charge; print {refund}. The worker settles it."""
+    from .db import make_pool
+    from .rails import build_rail
+    from .rails.port import RailError
+    from .refunds import InvalidRefund, create_and_submit
+    pool = make_pool(_url(), max_size=2)
+    try:
+        result = create_and_submit(pool, build_rail, charge_id=charge_id, amount=amount, reason=reason)
+    except InvalidRefund as exc:
+        if exc.code == "charge_not_found":
+            click.echo(f"vpay: {exc}", err=True)
+            sys.exit(1)
+        raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
+    except RailError as exc:
+        _refuse(str(exc))
+    finally:
+        pool.close()
+    click.echo(json.dumps(result, indent=2))
+
+
+@refunds.command("show")
+@click.argument("refund_id")
+def show(refund_id: str) -> None:
+    """A refund (re_...) with its charge and events, as JSON."""
+    from .db import connect
+    from .refunds import show as find
+    with connect(_url()) as conn:
+        found = find(conn, refund_id)
+    if found is None:
+        click.echo(f"vpay: no refund {refund_id!r}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(found, indent=2))
