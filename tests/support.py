@@ -136,3 +136,38 @@ class TimeMachine:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(5)
+
+
+class ConnCounter:
+    """A TCP listener on 127.0.0.1 that counts accepted connections and
+    answers nothing: proof that a process did (or did not) connect."""
+
+    def __init__(self):
+        import socket
+        import threading
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.accepted = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.accepted += 1
+                conn.close()
+            except OSError:
+                pass
+
+    @property
+    def port(self):
+        return self.sock.getsockname()[1]
+
+    def close(self):
+        self._stop.set()
+        self.thread.join(2)
+        self.sock.close()

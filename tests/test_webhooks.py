@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from support import base_env, script, wait_until
+from support import ConnCounter, base_env, script, wait_until
 from vpay import handlers, merchants, money, queue, webhooks
 from vpay.ids import new_id, new_rail_reference
 from vpay.loop import Worker, WorkerConfig
@@ -463,40 +463,9 @@ def test_cli_add_list_disable_enable_rotate(db, db_url):
 
 # ---- delivery in-process: the policy at delivery, pinning, TLS ----------
 
-class _ConnCounter:
-    """A TCP listener that counts accepted connections and answers nothing."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.accepted = 0
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-                self.accepted += 1
-                conn.close()
-            except OSError:
-                pass
-
-    @property
-    def port(self):
-        return self.sock.getsockname()[1]
-
-    def close(self):
-        self._stop.set()
-        self.thread.join(2)
-        self.sock.close()
-
 
 def test_dns_answer_changed_after_registration_is_refused_at_delivery(db, pool, no_dev_flag, monkeypatch):
-    counter = _ConnCounter()
+    counter = ConnCounter()
     try:
         merchants.create_merchant(db, "m1")
         _resolver(monkeypatch, "93.184.216.34")

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from support import base_env, script, wait_until
+from support import ConnCounter, base_env, script, wait_until
 from vpay import handlers, queue
 from vpay.loop import Worker, WorkerConfig
 from vpay.signals import ShutdownSignals
@@ -65,40 +65,8 @@ def test_outcome_after_the_lease_was_taken_over_counts_as_lost(db, pool, test_ha
     assert db.execute("SELECT locked_by, lease_token FROM jobs").fetchone() == ("w2", other.lease_token)
 
 
-class _ConnCounter:
-    """A TCP listener that counts connection attempts (and answers nothing)."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.accepted = 0
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-                self.accepted += 1
-                conn.close()
-            except OSError:
-                pass
-
-    @property
-    def port(self):
-        return self.sock.getsockname()[1]
-
-    def close(self):
-        self._stop.set()
-        self.thread.join(2)
-        self.sock.close()
-
-
 def test_concurrency_above_half_the_pool_is_refused_with_78_before_any_connection(tmp_path):
-    counter = _ConnCounter()
+    counter = ConnCounter()
     try:
         env = base_env(f"postgresql://nobody@127.0.0.1:{counter.port}/x?connect_timeout=2")
         res = subprocess.run([script("vpay-worker"), "--worker-concurrency", "6"], env=env,
@@ -186,7 +154,7 @@ def test_two_worker_processes_handle_each_of_2000_jobs_exactly_once(db, db_url, 
 
 
 def test_database_unreachable_at_boot_exits_69_not_a_drain_code():
-    counter = _ConnCounter()  # accepts and closes: no Postgres there
+    counter = ConnCounter()  # accepts and closes: no Postgres there
     try:
         env = base_env(f"postgresql://nobody@127.0.0.1:{counter.port}/x?connect_timeout=1",
                        VPAY_DATABASE_OPEN_TIMEOUT_SECONDS="2")

@@ -377,57 +377,45 @@ def _check_delay(name: str, value: Any) -> float:
     return float(value)
 
 
+def _parse_outcome(opts: Mapping[str, Any], s: _Script, prefix: str) -> None:
+    """``pending_reads``, ``outcome`` and ``reason`` under ``prefix`` ("" for
+    collections, "refund_" for refunds) into ``s``."""
+    pending, outcome, reason = f"{prefix}pending_reads", f"{prefix}outcome", f"{prefix}reason"
+    if opts.get(pending) is not None:
+        pr = opts[pending]
+        if isinstance(pr, bool) or not isinstance(pr, int) or pr < 0:
+            raise ValueError(f"{pending} must be a non-negative integer")
+        setattr(s, pending, pr)
+    if opts.get(outcome) is not None:
+        if opts[outcome] not in STATUSES:
+            raise ValueError(f"{outcome} must be one of {', '.join(STATUSES)}")
+        setattr(s, outcome, opts[outcome])
+    if opts.get(reason) is not None:
+        if not isinstance(opts[reason], str) or not opts[reason]:
+            raise ValueError(f"{reason} must be a non-empty string")
+        if getattr(s, outcome) != FAILED:
+            raise ValueError(f"{reason} needs {outcome}='FAILED'")
+        setattr(s, reason, opts[reason])
+
+
 def _parse_script(opts: Mapping[str, Any]) -> _Script:
     unknown = set(opts) - _SCRIPT_KEYS
     if unknown:
         raise ValueError(f"unknown script option(s): {', '.join(sorted(unknown))}")
     s = _Script()
-    if opts.get("pending_reads") is not None:
-        pr = opts["pending_reads"]
-        if isinstance(pr, bool) or not isinstance(pr, int) or pr < 0:
-            raise ValueError("pending_reads must be a non-negative integer")
-        s.pending_reads = pr
-    if opts.get("outcome") is not None:
-        if opts["outcome"] not in STATUSES:
-            raise ValueError(f"outcome must be one of {', '.join(STATUSES)}")
-        s.outcome = opts["outcome"]
-    if opts.get("reason") is not None:
-        if not isinstance(opts["reason"], str) or not opts["reason"]:
-            raise ValueError("reason must be a non-empty string")
-        if s.outcome != FAILED:
-            raise ValueError("reason needs outcome='FAILED'")
-        s.reason = opts["reason"]
-    for name in ("status_errors", "rtp_errors", "rtp_record_then_error"):
+    _parse_outcome(opts, s, "")
+    _parse_outcome(opts, s, "refund_")
+    for name in ("status_errors", "rtp_errors", "rtp_record_then_error",
+                 "refund_status_errors", "refund_errors", "refund_record_then_error"):
         if opts.get(name) is not None:
             setattr(s, name, _check_codes(name, opts[name]))
-    for name in ("status_delay_seconds", "rtp_delay_seconds"):
+    for name in ("status_delay_seconds", "rtp_delay_seconds", "refund_status_delay_seconds"):
         if opts.get(name) is not None:
             setattr(s, name, _check_delay(name, opts[name]))
     if opts.get("callback") is not None:
         if not isinstance(opts["callback"], bool):
             raise ValueError("callback must be true or false")
         s.callback = opts["callback"]
-    if opts.get("refund_pending_reads") is not None:
-        pr = opts["refund_pending_reads"]
-        if isinstance(pr, bool) or not isinstance(pr, int) or pr < 0:
-            raise ValueError("refund_pending_reads must be a non-negative integer")
-        s.refund_pending_reads = pr
-    if opts.get("refund_outcome") is not None:
-        if opts["refund_outcome"] not in STATUSES:
-            raise ValueError(f"refund_outcome must be one of {', '.join(STATUSES)}")
-        s.refund_outcome = opts["refund_outcome"]
-    if opts.get("refund_reason") is not None:
-        if not isinstance(opts["refund_reason"], str) or not opts["refund_reason"]:
-            raise ValueError("refund_reason must be a non-empty string")
-        if s.refund_outcome != FAILED:
-            raise ValueError("refund_reason needs refund_outcome='FAILED'")
-        s.refund_reason = opts["refund_reason"]
-    for name in ("refund_status_errors", "refund_errors", "refund_record_then_error"):
-        if opts.get(name) is not None:
-            setattr(s, name, _check_codes(name, opts[name]))
-    if opts.get("refund_status_delay_seconds") is not None:
-        s.refund_status_delay_seconds = _check_delay("refund_status_delay_seconds",
-                                                     opts["refund_status_delay_seconds"])
     return s
 
 
