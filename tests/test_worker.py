@@ -163,3 +163,21 @@ def test_database_unreachable_at_boot_exits_69_not_a_drain_code():
         assert "database unreachable at boot" in res.stdout
     finally:
         counter.close()
+
+
+def test_a_job_whose_rail_is_not_configured_waits_and_is_never_parked(db, pool, merchant, monkeypatch):
+    from vpay import money
+    for var in [v for v in __import__("os").environ if v.startswith("VPAY_MTN_")]:
+        monkeypatch.delenv(var)
+    created = money.create_payment(db, merchant_id=merchant, amount=100, currency="EUR", rail="mtn",
+                                   payer="256770000001")
+    db.execute("DELETE FROM jobs WHERE kind <> 'poll'")
+    db.execute("UPDATE jobs SET run_at = now(), failures = %s WHERE kind = 'poll'", (queue.MAX_FAILURES - 1,))
+    w = _worker(pool)
+    job = queue.claim(db, "w1")
+    assert job.kind == "poll"
+    w._run(job)
+    row = db.execute("SELECT run_at <> 'infinity', run_at > now() + interval '250 seconds', failures, last_error "
+                     "FROM jobs WHERE dedupe_key = %s", (f"poll:{created.charge['id']}",)).fetchone()
+    assert row[:3] == (True, True, 0) and row[3].startswith("rail not configured")
+    assert db.execute("SELECT count(*) FROM alerts").fetchone()[0] == 0

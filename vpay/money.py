@@ -14,6 +14,7 @@ webhook job in the same transaction. Amounts are integers in minor units.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -147,10 +148,49 @@ def create_payment(conn: psycopg.Connection, *, merchant_id: str, amount: int, c
 
 
 def charge_request(charge: dict[str, Any], description: str | None = None) -> ChargeRequest:
-    """The rail port's view of a charge row."""
+    """The rail port's view of a charge row. ``rail_data`` is the charge's
+    stored ``rail_data`` (string values only; never a ``notif_token``, which
+    is not stored anyway)."""
+    stored = charge.get("rail_data") or {}
+    rail_data = {k: v for k, v in stored.items() if isinstance(v, str) and k != "notif_token"}
     return ChargeRequest(charge_id=charge["id"], rail_reference=charge["rail_reference"],
                          amount=charge["amount"], currency=charge["currency"],
-                         payer=charge["payer"], description=description or "")
+                         payer=charge["payer"], description=description or "",
+                         rail_data=rail_data)
+
+
+def notif_token_sha256(token: str) -> str:
+    """Lower-case hex SHA-256 of a callback proof token (Orange's
+    ``notif_token``, UTF-8): what ``charges.notif_token_sha256`` holds and
+    what the callback route compares (in constant time)."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def record_submission(conn: psycopg.Connection, charge_id: str, rail_data: dict[str, str],
+                      notif_token: str | None) -> bool:
+    """The rail accepted the request and handed back data to keep: in one
+    transaction, merge ``rail_data`` (string values; Orange: ``pay_token``,
+    ``payment_url``) into ``charges.rail_data``, store the SHA-256 hex of
+    ``notif_token`` (never the token; ``None`` keeps what is stored), set
+    ``submitted_at`` once, and, when ``rail_data`` has a ``payment_url``,
+    point the intent's ``next_action`` at it (``{type: "redirect_to_url",
+    url, expires_at}``, only while the intent is ``processing`` with a live
+    prompt). Answers whether the charge exists. Raises ``ValueError`` for a
+    non-string value or a ``notif_token`` key in ``rail_data``."""
+    if "notif_token" in rail_data or not all(isinstance(v, str) for v in rail_data.values()):
+        raise ValueError("rail_data holds strings only, and never a notif_token")
+    digest = notif_token_sha256(notif_token) if notif_token else None
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["record_submission"], {"id": charge_id, "rail_data": Jsonb(dict(rail_data)),
+                                                   "notif_token_sha256": digest}).fetchone()
+        if row is None:
+            return False
+        if rail_data.get("payment_url"):
+            cur.execute(Q["redirect_next_action"], {"id": row["payment_intent_id"],
+                                                    "url": rail_data["payment_url"]})
+    log.info("submission recorded", extra={"charge_id": charge_id, "rail_data_keys": sorted(rail_data),
+                                           "notif_token_stored": digest is not None})
+    return True
 
 
 def load_charge(conn: psycopg.Connection, charge_id: str) -> dict[str, Any] | None:

@@ -30,13 +30,18 @@ def resubmit_delay(attempt: int) -> float:
 def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
            description: str | None = None, *, schedule_resubmit: bool = True) -> Submit:
     """Send the request-to-pay for ``charge`` and record what the rail said:
-    accepted → ``submitted_at``; rejected for good → the charge fails with the
+    accepted → ``submitted_at`` (and, when the rail handed data back,
+    ``money.record_submission``); rejected for good → the charge fails with the
     rail's reason (one event); no answer → ``resubmit:<charge_id>`` is
     enqueued (unless the caller is that job). Never raises for the rail's
     answer."""
     answer = rail.request_to_pay(money.charge_request(charge, description))
     if answer.kind is SubmitKind.ACCEPTED:
         testhooks.pause("after_rail_accepted")
+        if answer.rail_data:  # e.g. Orange: pay_token, payment_url; notif_token kept as a hash only
+            kept = dict(answer.rail_data)
+            notif_token = kept.pop("notif_token", None)
+            money.record_submission(conn, charge["id"], kept, notif_token)
         money.mark_submitted(conn, charge["id"])
     elif answer.kind is SubmitKind.REJECTED:
         money.settle(conn, charge["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")

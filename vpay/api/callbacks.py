@@ -19,6 +19,14 @@ anyway"): a charge whose status was read within the last 10 s
 (``charges.last_polled_at``) is left alone too, so that a callback arriving
 just after the worker's read, or a second callback, cannot buy another read.
 
+Orange (``{code}`` = ``orange``): the notification's only proof of origin is
+its ``notif_token`` (design/rails.md, "Orange Money Web Payment"). Before the
+reference is acted on, the SHA-256 hex of the token received is compared in
+constant time (``hmac.compare_digest``) with the one stored at submission
+(``charges.notif_token_sha256``). A missing or wrong token is treated exactly
+like an unknown reference: nothing written, the same 202 bytes and headers,
+logged at info (``notif_token mismatch``). The token is never logged.
+
 Only ``jobs`` is ever written: no charge, intent or event. The answer is
 202 with the same bytes and headers whether or not the reference names a
 charge (no oracle for "does this charge exist"); a miss is logged at info.
@@ -28,6 +36,7 @@ a body over 64 KiB → 413, unread.
 
 from __future__ import annotations
 
+import hmac
 import logging
 
 import falcon
@@ -35,7 +44,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .. import queue
-from ..money import FIRST_POLL_SECONDS
+from ..money import FIRST_POLL_SECONDS, notif_token_sha256
 from ..queries import Q
 from ..rails import KNOWN_RAILS
 from ..rails.port import MalformedCallback, RailError
@@ -46,6 +55,27 @@ log = logging.getLogger("vpay.api.callbacks")
 
 ACCEPTED_BODY = dump({"received": True})
 """The one answer to every readable callback, hit or miss."""
+
+PROOF_RAILS = frozenset({"orange"})
+"""Rails whose callbacks carry a token to check against the stored hash."""
+_NO_DIGEST = "0" * 64  # compared against when nothing is stored: the same work either way
+
+
+def proof_matches(conn: psycopg.Connection, rail: str, reference: str, token: str | None) -> bool | None:
+    """Whether ``token`` (Orange's ``notif_token``) is the one stored, as a
+    hash, for the charge ``reference`` names: ``None`` when the reference
+    names no charge, ``False`` for a missing or wrong token or a charge with
+    no stored hash. The SHA-256 hex strings are compared with
+    ``hmac.compare_digest`` whatever the case, so the timing does not tell
+    the cases apart. Reads only."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute(Q["callback_notif_token"], {"rail": rail, "reference": reference}).fetchone()
+    stored = (found or {}).get("notif_token_sha256") or _NO_DIGEST
+    given = notif_token_sha256(token) if token else _NO_DIGEST
+    same = hmac.compare_digest(given.encode(), stored.encode())
+    if found is None:
+        return None
+    return same and token is not None and found["notif_token_sha256"] is not None
 
 
 def apply_hint(conn: psycopg.Connection, rail: str, reference: str,
@@ -95,16 +125,26 @@ class CallbackResource:
             # Generic on purpose: which part was wrong is in our log, not the answer.
             log.info("unreadable callback", extra={"rail": code, "bytes": len(body)})
             raise invalid("callback_unreadable", "The callback could not be read.") from None
+        hints = {k: v for k, v in ids.hints.items() if k != "notif_token"}  # a secret: never logged
         with self.db.connection() as conn:
-            charge_id, action = apply_hint(conn, code, ids.rail_reference)
+            proof = (proof_matches(conn, code, ids.rail_reference, ids.hints.get("notif_token"))
+                     if code in PROOF_RAILS else True)
+            if proof is False:  # exactly like an unknown reference: nothing written, same answer
+                log.info("notif_token mismatch", extra={
+                    "rail": code, "rail_reference": ids.rail_reference,
+                    "token_present": "notif_token" in ids.hints, "hints": hints})
+                answer(resp, 202, ACCEPTED_BODY)
+                return
+            charge_id, action = (None, "unknown_reference") if proof is None else \
+                apply_hint(conn, code, ids.rail_reference)
         if charge_id is None:
             log.info("callback for an unknown reference",
                      extra={"rail": code, "rail_reference": ids.rail_reference,
-                            "hints": dict(ids.hints)})
+                            "hints": hints})
         else:
             log.info("callback hint", extra={"rail": code, "rail_reference": ids.rail_reference,
                                              "charge_id": charge_id, "action": action,
-                                             "hints": dict(ids.hints)})
+                                             "hints": hints})
         answer(resp, 202, ACCEPTED_BODY)
 
     on_put = on_post

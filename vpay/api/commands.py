@@ -23,10 +23,12 @@ log = logging.getLogger("vpay.api.commands")
 def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     """The HTTP API: rail callbacks and the merchant's payment intents (gunicorn, in process).
 
-    Refuses to start (exit 78) on a configuration that cannot work: a rail of
-    vpay.rails.KNOWN_RAILS not configured (VPAY_MTN_*), bad settings, or
-    --threads above the pool size. The database is not contacted at start:
-    /healthz answers 503 until it is reachable."""
+    Refuses to start (exit 78) on a configuration that cannot work: no rail of
+    vpay.rails.KNOWN_RAILS configured (VPAY_MTN_*, VPAY_ORANGE_*), bad
+    settings, or --threads above the pool size. Each rail that is not
+    configured is logged at warning; its callbacks answer 404 and its payments
+    503. The database is not contacted at start: /healthz answers 503 until it
+    is reachable."""
     from .. import logs
     from ..cli import _open_db, _refuse
     from ..rails import KNOWN_RAILS, build_rail
@@ -42,12 +44,18 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
         settings = Settings.from_env()
     except ConfigError as exc:
         _refuse(str(exc))
+    configured, unconfigured = [], []
     for code in KNOWN_RAILS:
         try:
             build_rail(code)
+            configured.append(code)
         except RailError as exc:
-            _refuse(str(exc))
-    if not os.environ.get("VPAY_MTN_CALLBACK_URL"):
+            unconfigured.append(str(exc))
+            log.warning("rail not configured: its callbacks answer 404 and its payments 503",
+                        extra={"rail": code, "error": str(exc)})
+    if not configured:
+        _refuse("no rail is configured: " + "; ".join(unconfigured))
+    if "mtn" in configured and not os.environ.get("VPAY_MTN_CALLBACK_URL"):
         log.warning("VPAY_MTN_CALLBACK_URL is not set: MoMo will send no callbacks "
                     "(payments still settle through the worker's polls)")
     url, _ = _open_db()  # a URL only: each worker makes its own pool after the fork

@@ -1,14 +1,16 @@
 """The merchant's payment intents: ``POST /v1/payment_intents`` (create and
 confirm) and ``GET /v1/payment_intents/{id}`` (the merchant's own only).
 
-Create: ``{amount, currency, payment_method: {type: "mtn_momo", msisdn},
-description?}``, amount an integer in minor units. The request is checked
-whole before anything is written (400: not a JSON object, a missing or
-unknown parameter; 422: a parameter's value, with ``param``), then
-``vpay.payments.create_and_submit`` commits the intent (``processing``), the
-charge (``pending``) and its poll job, and sends the request-to-pay. 201 with
-the intent, whose ``next_action`` is ``{type: "mobile_money_prompt",
-expires_at}`` while the payer's prompt is live. A rail that refuses the
+Create: ``{amount, currency, payment_method: {type: "mtn_momo" |
+"orange_money", msisdn}, description?}``, amount an integer in minor units.
+The request is checked whole before anything is written (400: not a JSON
+object, a missing or unknown parameter; 422: a parameter's value, with
+``param``), then ``vpay.payments.create_and_submit`` commits the intent
+(``processing``), the charge (``pending``) and its poll job, and sends the
+request-to-pay. 201 with the intent, whose ``next_action`` is ``{type:
+"mobile_money_prompt", expires_at}`` while the payer's prompt is live (Orange:
+``{type: "redirect_to_url", url, expires_at}``, the page where the payer
+confirms). A rail that refuses the
 request outright still gives 201: the intent then reads
 ``requires_payment_method``.
 
@@ -57,8 +59,10 @@ bounded well below it (rail calls are bounded at about 30 s each)."""
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 INTENT_ID = re.compile(r"^pi_[A-Za-z0-9]{1,64}$")
 
-PAYMENT_METHODS = {"mtn_momo": "mtn"}
-"""``payment_method.type`` → rail code."""
+PAYMENT_METHODS = {"mtn_momo": "mtn", "orange_money": "orange"}
+"""``payment_method.type`` → rail code. For ``orange_money`` the MSISDN is kept
+on the charge but not sent: Orange's payer identifies on Orange's page, which
+``next_action`` (``redirect_to_url``) points to."""
 FIELDS = ("amount", "currency", "payment_method", "description")
 REQUIRED = ("amount", "currency", "payment_method")
 METHOD_FIELDS = ("type", "msisdn")
@@ -107,7 +111,7 @@ def parse_new_payment(body: bytes, merchant_id: str) -> NewPayment:
     method = doc["payment_method"]
     if not isinstance(method, dict):
         raise invalid("parameter_invalid", "payment_method must be an object "
-                      "{type: \"mtn_momo\", msisdn}.", "payment_method", status=422)
+                      "{type, msisdn}.", "payment_method", status=422)
     for name in method:
         if name not in METHOD_FIELDS:
             raise invalid("parameter_unknown", f"Received unknown parameter: payment_method[{_shown(name)}]",

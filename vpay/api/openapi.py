@@ -23,13 +23,17 @@ _CALLBACK = {
     "summary": "A rail's callback: a hint that a charge may have moved",
     "description": (
         "Identifiers only: the reference is the `ref` query parameter we appended to the "
-        "`X-Callback-Url` given to the rail; the body's status is never read. It may pull the "
+        "callback URL given to the rail (MoMo's `X-Callback-Url`, Orange's `notif_url`); the "
+        "body's status is never read. Orange: the body's `notif_token` must match the one "
+        "Orange returned at init (only its SHA-256 is stored; compared in constant time); a "
+        "missing or wrong token is answered and logged exactly like an unknown reference and "
+        "writes nothing. It may pull the "
         "charge's status poll forward (only if parked more than 10 s out, unleased, not "
         "dead-lettered, and the charge was not read within 10 s) or enqueue one. Only the "
         "worker's authenticated status query moves money. The answer is the same 202 whether "
         "or not the reference names a charge."),
     "parameters": [
-        {"name": "code", "in": "path", "required": True, "schema": {"type": "string", "enum": ["mtn"]},
+        {"name": "code", "in": "path", "required": True, "schema": {"type": "string", "enum": ["mtn", "orange"]},
          "description": "The rail's code."},
         {"name": "ref", "in": "query", "required": True, "schema": {"type": "string", "format": "uuid"},
          "description": "Our charge reference (rail_reference), as put in the callback URL."},
@@ -39,7 +43,7 @@ _CALLBACK = {
     "responses": {
         "202": _json("CallbackReceived", "Received (whether or not the reference names a charge)."),
         "400": _error("The callback could not be read (no or bad `ref`, body not a JSON object)."),
-        "404": _error("Unknown rail code."),
+        "404": _error("Unknown rail code, or a rail this deployment has not configured."),
         "413": _error(f"Body larger than {MAX_BODY_BYTES} bytes."),
         "503": _error("The database did not answer in time (whatever the reference)."),
     },
@@ -154,7 +158,13 @@ DOCUMENT: dict[str, Any] = {
                     "currency": {"type": "string", "pattern": "^[A-Za-z]{3}$"},
                     "payment_method": {
                         "type": "object", "additionalProperties": False, "required": ["type", "msisdn"],
-                        "properties": {"type": {"const": "mtn_momo"},
+                        "properties": {"type": {"enum": ["mtn_momo", "orange_money"],
+                                                "description": "mtn_momo: a prompt on the payer's "
+                                                "phone. orange_money: Orange Money Web Payment; the "
+                                                "payer confirms on the page next_action points to "
+                                                "(the msisdn is kept, not sent). Orange takes only "
+                                                "currencies without minor units (XOF, XAF, ...); "
+                                                "another is refused (intent requires_payment_method)."},
                                        "msisdn": {"type": "string", "pattern": "^\\+?[0-9]{8,15}$"}}},
                     "description": {"type": ["string", "null"], "maxLength": 160},
                 },
@@ -174,6 +184,11 @@ DOCUMENT: dict[str, Any] = {
                         {"type": "null"},
                         {"type": "object", "required": ["type", "expires_at"],
                          "properties": {"type": {"const": "mobile_money_prompt"},
+                                        "expires_at": {"type": "string", "format": "date-time"}}},
+                        {"type": "object", "required": ["type", "url", "expires_at"],
+                         "description": "Orange Money: send the payer to `url` to confirm.",
+                         "properties": {"type": {"const": "redirect_to_url"},
+                                        "url": {"type": "string", "format": "uri"},
                                         "expires_at": {"type": "string", "format": "date-time"}}}]},
                     "description": {"type": ["string", "null"]},
                     "merchant": {"type": "string"},

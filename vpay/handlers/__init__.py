@@ -16,9 +16,9 @@ from typing import Callable
 
 from psycopg_pool import ConnectionPool
 
-from ..outcome import DeadLetter, Outcome
+from ..outcome import DeadLetter, Outcome, RetryAfter
 from ..queue import Job
-from ..rails.port import Rail
+from ..rails.port import Rail, RailError
 from ..settings import Settings
 
 log = logging.getLogger("vpay.handlers")
@@ -61,13 +61,27 @@ def register(kind: str) -> Callable[[Handler], Handler]:
     return wrap
 
 
+RAIL_UNCONFIGURED_RETRY = 300.0
+"""Seconds before a job whose rail is not configured in this worker runs
+again. A missing ``VPAY_<RAIL>_*`` setting is the operator's to fix; the
+payment must not be dead-lettered for it."""
+
+
 def handle(job: Job, ctx: Context) -> Outcome:
     """Run the handler for ``job.kind``. An unknown kind is dead-lettered:
-    no retry could make it known."""
+    no retry could make it known. A rail this worker cannot build
+    (``RailError``: unknown or unconfigured) is logged at error and retried
+    every ``RAIL_UNCONFIGURED_RETRY`` seconds, never parked."""
     fn = REGISTRY.get(job.kind)
     if fn is None:
         return DeadLetter(f"no handler for job kind {job.kind!r}")
-    return fn(job, ctx)
+    try:
+        return fn(job, ctx)
+    except RailError as exc:
+        log.error("rail not configured in this worker", extra={
+            "worker_id": ctx.worker_id, "job_id": job.id, "kind": job.kind,
+            "dedupe_key": job.dedupe_key, "error": str(exc)})
+        return RetryAfter(RAIL_UNCONFIGURED_RETRY, f"rail not configured: {exc}")
 
 
 HOURLY = 3600.0

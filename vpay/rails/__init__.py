@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from .port import Rail, RailError
 
-KNOWN_RAILS = ("mtn",)
-"""Rails a charge may name today. Orange Money is planned (its adapter does not
-exist yet), so a charge naming it is refused as an unknown rail."""
+KNOWN_RAILS = ("mtn", "orange")
+"""Rails a charge may name: MTN MoMo (``vpay.rails.mtn``) and Orange Money Web
+Payment (``vpay.rails.orange``). A known rail may still be unconfigured in a
+given process: ``build_rail`` then raises ``RailError``."""
 
 
 def build_rail(code: str) -> Rail:
     """The adapter for ``code``, configured from the environment (contract:
-    ``VPAY_MTN_*``). Raises ``RailError`` for an unknown or unconfigured rail."""
+    ``VPAY_MTN_*``, ``VPAY_ORANGE_*``). Raises ``RailError`` for an unknown or
+    unconfigured rail (the message names missing variables, never values)."""
     if code == "mtn":
         from .mtn import MtnMomo
         return MtnMomo.from_env()
+    if code == "orange":
+        from .orange import OrangeMoney
+        return OrangeMoney.from_env()
     raise RailError(f"unknown rail {code!r}; known: {', '.join(KNOWN_RAILS)}")

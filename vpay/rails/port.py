@@ -45,6 +45,10 @@ class ChargeRequest:
     currency: str
     payer: str
     description: str = ""
+    # What the rail handed back at submission and we stored (charges.rail_data),
+    # e.g. Orange's pay_token, needed by its status query. Never a secret such
+    # as Orange's notif_token (only its hash is stored). Empty for MTN.
+    rail_data: Mapping[str, str] = field(default_factory=dict)
 
 
 class SubmitKind(enum.Enum):
@@ -61,6 +65,10 @@ class Submit:
     kind: SubmitKind
     reason: str | None = None
     http_status: int | None = None
+    # ACCEPTED only: what the rail handed back and the caller must keep, e.g.
+    # Orange's pay_token, payment_url and notif_token (vpay.payments.submit
+    # stores the first two and only the SHA-256 of notif_token). Empty for MTN.
+    rail_data: Mapping[str, str] = field(default_factory=dict)
 
 
 class StatusKind(enum.Enum):
