@@ -15,7 +15,9 @@ scripts as real processes against a real Postgres and the sandbox rail:
 from __future__ import annotations
 
 import signal
+import threading
 
+import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -153,7 +155,9 @@ def test_kill_in_the_poll_is_recovered_after_the_lease_is_reaped(point, payer, d
     charge_id = created["charge"]["id"]
     poll_key = f"poll:{charge_id}"
     env = base_env(db_url, **rail_env(sandbox))
-    doomed = spawn("vpay-worker", "--idle-sleep", "0.1", "--worker-id", "doomed",
+    # A lease is judged by its own expiry, so the doomed worker's lease is the
+    # one that must run out (5 s) before the rescuer may take the job.
+    doomed = spawn("vpay-worker", "--idle-sleep", "0.1", "--worker-id", "doomed", "--lease-seconds", "5",
                    env={**env, "VPAY_TEST_PAUSE_AT": point})
     with TimeMachine(db_url):
         doomed.wait_for_log("test pause", point=point)
@@ -197,11 +201,13 @@ def _executed(db, key) -> int:
     return db.execute("SELECT count(*) FROM test_executions WHERE job_key = %s", (key,)).fetchone()[0]
 
 
-def _strand(db, kind, key, age_seconds, by="dead-worker") -> None:
-    """A job leased by a process that no longer exists, ``age_seconds`` ago."""
-    db.execute("INSERT INTO jobs (kind, dedupe_key, payload, attempts, locked_by, locked_at, lease_token) "
-               "VALUES (%s, %s, %s, 1, %s, now() - make_interval(secs => %s), gen_random_uuid())",
-               (kind, key, Jsonb({}), by, age_seconds))
+def _strand(db, kind, key, age_seconds, by="dead-worker", lease=300) -> None:
+    """A job leased ``age_seconds`` ago, for ``lease`` seconds, by a process
+    that no longer exists."""
+    db.execute("INSERT INTO jobs (kind, dedupe_key, payload, attempts, locked_by, locked_at, "
+               "lease_expires_at, lease_token) VALUES (%s, %s, %s, 1, %s, now() - make_interval(secs => %s), "
+               "now() - make_interval(secs => %s) + make_interval(secs => %s), gen_random_uuid())",
+               (kind, key, Jsonb({}), by, age_seconds, age_seconds, lease))
 
 
 def _schedule_later(db, *keys) -> None:
@@ -243,7 +249,7 @@ def test_timer_reaper_frees_a_strand_with_no_queue_job_involved(db, db_url, spaw
                    env=base_env(db_url, VPAY_TEST_HANDLERS="1"))
     assert worker.wait_for_log("worker started")["reaped_at_boot"] == 0
     # A process died holding a job after this worker booted: only the timer can see it.
-    _strand(db, "test.count", "count:stranded", 0)
+    _strand(db, "test.count", "count:stranded", 0, lease=2)
     wait_until(lambda: _executed(db, "count:stranded") == 1, timeout=30,
                what="the timer reaper to free the strand")
     [line] = [l for l in worker.find("lease reaped") if l["dedupe_key"] == "count:stranded"]
@@ -327,8 +333,9 @@ def test_an_answer_that_is_not_an_outcome_leaves_the_lease_to_the_reaper(db, poo
     job = queue.claim(db, "w-loop")
     worker._run(job)  # returns: the claim loop that ran it lives on
     assert _job(db, "garbage")["locked_by"] == "w-loop"  # left for the reaper to count and park
-    db.execute("UPDATE jobs SET locked_at = now() - interval '1 hour'")
-    assert [r["parked"] for r in queue.reap_expired_leases(db, lease=300)] == [False]
+    db.execute("UPDATE jobs SET locked_at = now() - interval '1 hour', "
+               "lease_expires_at = now() - interval '1 hour' + interval '300 seconds'")
+    assert [r["parked"] for r in queue.reap_expired_leases(db)] == [False]
     assert _job(db, "garbage")["failures"] == 1
 
 
@@ -344,3 +351,39 @@ def test_a_claim_loop_that_dies_never_ends_in_a_clean_drain(db, pool, monkeypatc
     drain = _in_process_worker(pool, concurrency=2).run()  # no signal: the dead loop ends it
     assert drain is Drain.CRASHED
     assert drain.value not in (0, 1, 2, 78)  # contract: anything else is a crash
+
+
+def test_another_replicas_reaper_never_reaps_a_live_long_lease(db, db_url, pool, sandbox, merchant, spawn):
+    # Found by review: each worker judged every lease by its own --lease-seconds,
+    # so a replica run with a 2 s lease reaped a 300 s replica's 4 s rail read,
+    # again and again, until the poll was dead-lettered and its charge stranded.
+    # Here the 300 s worker polls a slow rail while a reaper runs every 0.5 s,
+    # as a short-lease replica's timer would.
+    sandbox.script(SUCCESS, outcome="PENDING", status_delay_seconds=4)
+    created = _create(pool, sandbox, merchant, SUCCESS)
+    poll_key = f"poll:{created['charge']['id']}"
+    patient = spawn("vpay-worker", "--idle-sleep", "0.1", "--worker-id", "patient",
+                    env=base_env(db_url, **rail_env(sandbox)))
+    patient.wait_for_log("worker started")
+    stop = threading.Event()
+    reaped: list = []
+
+    def hasty_reaper():
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            while not stop.wait(0.5):
+                reaped.extend(queue.reap_expired_leases(conn))
+
+    thread = threading.Thread(target=hasty_reaper, daemon=True)
+    thread.start()
+    try:
+        with TimeMachine(db_url):
+            wait_until(lambda: _job(db, poll_key)["attempts"] >= 3, timeout=90, what="three slow polls")
+            wait_until(lambda: not _job(db, poll_key)["leased"], timeout=30, what="the third poll to end")
+    finally:
+        stop.set()
+        thread.join(5)
+    assert reaped == []
+    assert not _job(db, poll_key)["parked"]
+    assert db.execute("SELECT failures FROM jobs WHERE dedupe_key = %s", (poll_key,)).fetchone() == (0,)
+    _stop_cleanly(patient)
+    assert patient.find("gauge", final=True)[0]["lost"] == 0

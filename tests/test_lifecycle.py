@@ -249,3 +249,20 @@ def test_a_settled_charge_is_verified_once_and_never_changed(db, db_url, pool, s
         ["payment_intent.processing", "payment_intent.succeeded"]
     alerts = db.execute("SELECT kind, details->>'rail_says', details->>'where' FROM alerts").fetchall()
     assert alerts == ([("rail_contradiction", "failed", "poll")] if alert else [])
+
+
+def test_a_charge_whose_poll_was_dead_lettered_is_still_escalated_by_the_sweep(db, db_url, pool, sandbox,
+                                                                             merchant, spawn):
+    env = rail_env(sandbox)
+    created = _create(pool, env, merchant)
+    charge_id = created["charge"]["id"]
+    db.execute("UPDATE jobs SET run_at = 'infinity', last_error = 'parked by the test' WHERE dedupe_key = %s",
+               (f"poll:{charge_id}",))
+    db.execute("UPDATE charges SET created_at = now() - interval '25 hours' WHERE id = %s", (charge_id,))
+    worker = spawn("vpay-worker", "--idle-sleep", "0.1", env=base_env(db_url, **env))
+    # sweep:expired exists from boot and runs at once
+    wait_until(lambda: _row(db, "SELECT status FROM charges WHERE id = %s", charge_id)[0] == "unresolved",
+               timeout=30, what="the sweep to escalate the stranded charge")
+    assert db.execute("SELECT kind, charge_id FROM alerts").fetchall() == [("charge_unresolved", charge_id)]
+    assert _row(db, "SELECT run_at = 'infinity' FROM jobs WHERE dedupe_key = %s", f"poll:{charge_id}") == (True,)
+    assert worker.wait_for_log("sweep")["escalated"] == 1

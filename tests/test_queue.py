@@ -11,9 +11,11 @@ import pytest
 from vpay import queue
 
 
-def _age_lease(conn, job_id: int, seconds: int = 3600) -> None:
-    conn.execute("UPDATE jobs SET locked_at = now() - make_interval(secs => %s) WHERE id = %s",
-                 (seconds, job_id))
+def _age_lease(conn, job_id: int, seconds: int = 3600, lease: int = 300) -> None:
+    """Pretend the job was claimed ``seconds`` ago with a ``lease``-second lease."""
+    conn.execute("UPDATE jobs SET locked_at = now() - make_interval(secs => %s), "
+                 "lease_expires_at = now() - make_interval(secs => %s) + make_interval(secs => %s) "
+                 "WHERE id = %s", (seconds, seconds, lease, job_id))
 
 
 def test_enqueue_is_idempotent_on_dedupe_key(db):
@@ -54,7 +56,7 @@ def test_fenced_write_after_reap_and_reclaim_by_the_same_worker_is_lost(db, writ
     queue.enqueue(db, "test.count", "k:1")
     old = queue.claim(db, "w1")
     _age_lease(db, old.id)
-    assert [r["id"] for r in queue.reap_expired_leases(db, lease=300)] == [old.id]
+    assert [r["id"] for r in queue.reap_expired_leases(db)] == [old.id]
     new = queue.claim(db, "w1")  # same worker id, new claim, new token
     assert new.id == old.id and new.lease_token != old.lease_token
     ops = {"finish": lambda j: queue.finish(db, j),
@@ -77,7 +79,7 @@ def test_reaper_racing_a_finishing_worker_never_resurrects_the_job(db, db_url):
         assert queue.finish(finisher, job) is True  # row locked, uncommitted
         result = {}
         reaper = threading.Thread(target=lambda: result.setdefault(
-            "rows", queue.reap_expired_leases(psycopg.connect(db_url, autocommit=True), lease=300)))
+            "rows", queue.reap_expired_leases(psycopg.connect(db_url, autocommit=True))))
         reaper.start()
         reaper.join(0.5)
         assert reaper.is_alive(), "the reaper should wait on the finisher's row lock"
@@ -93,7 +95,7 @@ def test_reaper_first_then_finish_is_lost(db):
     queue.enqueue(db, "test.count", "k:1")
     job = queue.claim(db, "w1")
     _age_lease(db, job.id)
-    queue.reap_expired_leases(db, lease=300)
+    queue.reap_expired_leases(db)
     assert queue.finish(db, job) is False
     assert db.execute("SELECT locked_by FROM jobs").fetchone() == (None,)
 
@@ -102,7 +104,7 @@ def test_reaper_leaves_young_leases_alone(db):
     queue.enqueue(db, "test.count", "k:1")
     job = queue.claim(db, "w1")
     _age_lease(db, job.id, 10)
-    assert queue.reap_expired_leases(db, lease=300) == []
+    assert queue.reap_expired_leases(db) == []
     assert queue.finish(db, job) is True
 
 
@@ -112,7 +114,7 @@ def test_repeatedly_expiring_lease_is_dead_lettered_with_an_alert(db):
         job = queue.claim(db, "w1")
         assert job is not None, f"claim {n}"
         _age_lease(db, job.id)
-        [reaped] = queue.reap_expired_leases(db, lease=300)
+        [reaped] = queue.reap_expired_leases(db)
         assert reaped["parked"] is (n == queue.MAX_FAILURES)
     assert queue.claim(db, "w1") is None
     row = db.execute("SELECT run_at = 'infinity', last_error FROM jobs").fetchone()
@@ -160,3 +162,16 @@ def test_two_threads_never_claim_the_same_job(db, db_url):
         t.join(60)
     assert not set(claimed[0]) & set(claimed[1])
     assert len(claimed[0]) + len(claimed[1]) == 200
+
+
+def test_a_lease_is_judged_by_its_own_expiry_not_by_the_reapers(db):
+    queue.enqueue(db, "test.count", "long")
+    queue.enqueue(db, "test.count", "short")
+    long_job = queue.claim(db, "patient", lease=300)
+    short_job = queue.claim(db, "hasty", lease=1)
+    db.execute("UPDATE jobs SET locked_at = locked_at - interval '10 seconds', "
+                "lease_expires_at = lease_expires_at - interval '10 seconds'")
+    # a reaper (whatever its own worker's lease) frees only the lease past its own expiry
+    assert [r["dedupe_key"] for r in queue.reap_expired_leases(db)] == ["short"]
+    assert queue.finish(db, long_job) is True
+    assert queue.finish(db, short_job) is False

@@ -26,7 +26,7 @@ def test_sigkill_mid_post_is_reaped_and_delivered_again(db, db_url, spawn, recei
     receiver.script("/a", Reply(hold=hold), Reply(200))
     ep = endpoint(db, "m1", receiver.url("/a"))
     event_id = settle(db, make_payment(db, "m1"))
-    worker = start_worker(spawn, db_url)
+    worker = start_worker(spawn, db_url, "--lease-seconds", "5")  # the dead lease must expire
 
     first = receiver.wait_posts("/a", 1)[0]
     worker.signal(signal.SIGKILL)

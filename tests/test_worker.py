@@ -56,8 +56,9 @@ def test_unknown_kind_is_dead_lettered(db, pool):
 def test_outcome_after_the_lease_was_taken_over_counts_as_lost(db, pool, test_handlers):
     queue.enqueue(db, "test.retry", "x", {"delay": 60})
     job = queue.claim(db, "w1")
-    db.execute("UPDATE jobs SET locked_at = now() - interval '1 hour'")
-    queue.reap_expired_leases(db, lease=300)
+    db.execute("UPDATE jobs SET locked_at = now() - interval '1 hour', "
+               "lease_expires_at = now() - interval '1 hour' + interval '300 seconds'")
+    queue.reap_expired_leases(db)
     other = queue.claim(db, "w2")
     w = _worker(pool)
     w._run(job)

@@ -127,7 +127,7 @@ class Worker:
             self._beats[slot] = time.monotonic()
             try:
                 with self.pool.connection() as conn:
-                    job = queue.claim(conn, self.config.worker_id)
+                    job = queue.claim(conn, self.config.worker_id, self.config.lease)
             except psycopg.Error as exc:  # any database error: back off, never end the loop
                 log.warning("claim failed; database unavailable",
                             extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
@@ -218,9 +218,9 @@ class Worker:
     # ---- maintenance threads --------------------------------------------
 
     def reap(self) -> int:
-        """Free leases older than the lease; log each reaped job."""
+        """Free leases past their own expiry; log each reaped job."""
         with self.pool.connection() as conn:
-            rows = queue.reap_expired_leases(conn, self.config.lease)
+            rows = queue.reap_expired_leases(conn)
         for row in rows:
             log.warning("lease reaped", extra={"worker_id": self.config.worker_id,
                                                "job_id": row["id"], "kind": row["kind"],

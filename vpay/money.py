@@ -274,24 +274,21 @@ def note_contradiction(conn: psycopg.Connection, charge_id: str, ours: str, our_
     log.error("rail contradicts a settled charge", extra={"charge_id": charge_id, **details})
 
 
-def escalate(conn: psycopg.Connection, charge_id: str, horizon_seconds: int) -> bool:
+def escalate(conn: psycopg.Connection, charge_id: str | None, horizon_seconds: int) -> list[str]:
     """At the horizon (24 h from ``created_at``), a charge still ``pending``
     becomes ``unresolved`` and one ``charge_unresolved`` alert is written
     (logged at error, once). The intent is left as it was; no event.
-    Answers whether this call escalated it."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        charge = cur.execute(Q["escalate_charge"], {"id": charge_id,
-                                                    "horizon": horizon_seconds}).fetchone()
-        if charge is None:
-            return False
-        raise_alert(conn, "charge_unresolved", charge_id, {
-            "payment_intent": charge["payment_intent_id"], "rail": charge["rail"],
-            "rail_reference": charge["rail_reference"], "amount": charge["amount"],
-            "currency": charge["currency"], "created_at": charge["created_at"].isoformat()})
-    log.error("charge unresolved at the horizon: reconcile against the rail's statement",
-              extra={"charge_id": charge_id, "rail": charge["rail"],
-                     "rail_reference": charge["rail_reference"], "horizon_seconds": horizon_seconds})
-    return True
+    ``charge_id`` names one charge (the poll handler) or is ``None`` for
+    every overdue charge (the hourly sweep, so that a charge whose poll job
+    was dead-lettered is escalated all the same). Answers the ids escalated
+    by this call."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(Q["escalate_charges"], {"id": charge_id, "horizon": horizon_seconds}).fetchall()
+    for charge in rows:
+        log.error("charge unresolved at the horizon: reconcile against the rail's statement",
+                  extra={"charge_id": charge["id"], "rail": charge["rail"],
+                         "rail_reference": charge["rail_reference"], "horizon_seconds": horizon_seconds})
+    return [c["id"] for c in rows]
 
 
 def expire_prompt(conn: psycopg.Connection, charge_id: str, ttl_seconds: int) -> bool:

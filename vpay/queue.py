@@ -9,8 +9,8 @@ Design page, "The job queue" and "Leases and crash recovery". Rules kept here:
   match ``(id, locked_by, lease_token)``. One that matches nothing changes
   nothing and answers ``False``: the caller counts it as **lost** (its lease
   was reaped and maybe re-claimed while it ran).
-* ``reap_expired_leases`` is one conditional UPDATE that re-checks the lease
-  age inside the statement.
+* ``reap_expired_leases`` is one conditional UPDATE that re-checks each
+  lease's own expiry inside the statement.
 
 All functions take a psycopg connection in autocommit mode (or inside a
 caller's transaction, for ``enqueue``). Times are seconds; every "now" is
@@ -62,10 +62,11 @@ def enqueue(conn: psycopg.Connection, kind: str, dedupe_key: str,
     return row is not None
 
 
-def claim(conn: psycopg.Connection, worker: str) -> Job | None:
-    """Lease one due job for ``worker``, or ``None`` when nothing is due."""
+def claim(conn: psycopg.Connection, worker: str, lease: float = 300.0) -> Job | None:
+    """Lease one due job for ``worker`` for ``lease`` seconds (the row's
+    ``lease_expires_at``), or ``None`` when nothing is due."""
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["claim"], {"worker": worker}).fetchone()
+        row = cur.execute(Q["claim"], {"worker": worker, "lease": float(lease)}).fetchone()
     if row is None:
         return None
     return Job(worker=worker, **row)
@@ -109,14 +110,15 @@ def release(conn: psycopg.Connection, worker: str, tokens: Iterable[uuid.UUID]) 
     return len(conn.execute(Q["release"], {"worker": worker, "tokens": tokens}).fetchall())
 
 
-def reap_expired_leases(conn: psycopg.Connection, lease: float,
+def reap_expired_leases(conn: psycopg.Connection,
                         max_failures: int = MAX_FAILURES) -> list[dict[str, Any]]:
-    """Free every lease older than ``lease`` seconds; a job whose leases keep
-    expiring is dead-lettered after ``max_failures`` with an alert. Answers
-    ``[{id, kind, dedupe_key, parked}]`` of the rows reaped."""
+    """Free every lease past its own ``lease_expires_at`` (set at claim from
+    the claiming worker's lease, so a reaper never judges another worker's
+    lease by its own); a job whose leases keep expiring is dead-lettered
+    after ``max_failures`` with an alert. Answers ``[{id, kind, dedupe_key,
+    parked}]`` of the rows reaped."""
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(Q["reap_expired_leases"],
-                           {"lease": float(lease), "max_failures": max_failures}).fetchall()
+        return cur.execute(Q["reap_expired_leases"], {"max_failures": max_failures}).fetchall()
 
 
 def depth(conn: psycopg.Connection) -> dict[str, int]:

@@ -57,12 +57,27 @@ UPDATE payment_intents
  WHERE id = %(id)s AND status IN ('requires_confirmation', 'processing')
 RETURNING *;
 
--- name: escalate_charge
-UPDATE charges
-   SET status = 'unresolved', unresolved_at = now()
- WHERE id = %(id)s AND status = 'pending'
-   AND created_at <= now() - make_interval(secs => %(horizon)s)
-RETURNING *;
+-- name: escalate_charges
+-- At the horizon a pending charge becomes unresolved, with one alert (the
+-- unique index on alerts makes a second one a no-op). %(id)s names one
+-- charge (the poll handler), or NULL for every overdue charge (the hourly
+-- sweep: a charge whose poll job was dead-lettered is escalated too).
+WITH escalated AS (
+    UPDATE charges
+       SET status = 'unresolved', unresolved_at = now()
+     WHERE (%(id)s::text IS NULL OR id = %(id)s::text) AND status = 'pending'
+       AND created_at <= now() - make_interval(secs => %(horizon)s)
+    RETURNING *
+), alerted AS (
+    INSERT INTO alerts (kind, charge_id, details)
+    SELECT 'charge_unresolved', e.id,
+           jsonb_build_object('payment_intent', e.payment_intent_id, 'rail', e.rail,
+                              'rail_reference', e.rail_reference, 'amount', e.amount,
+                              'currency', e.currency, 'created_at', e.created_at)
+      FROM escalated e
+    ON CONFLICT DO NOTHING
+)
+SELECT * FROM escalated;
 
 -- name: insert_alert
 INSERT INTO alerts (kind, charge_id, details)

@@ -14,6 +14,7 @@ UPDATE jobs
    SET attempts = attempts + 1,
        locked_by = %(worker)s,
        locked_at = now(),
+       lease_expires_at = now() + make_interval(secs => %(lease)s),
        lease_token = gen_random_uuid()
  WHERE id = (SELECT id
                FROM jobs
@@ -34,7 +35,7 @@ RETURNING id;
 -- An Outcome was reached: the failure streak ends.
 UPDATE jobs
    SET run_at = now() + make_interval(secs => %(delay)s),
-       locked_by = NULL, locked_at = NULL, lease_token = NULL,
+       locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
        failures = 0,
        last_error = %(note)s
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
@@ -44,7 +45,7 @@ RETURNING id;
 -- The handler raised: count the streak, keep the error text.
 UPDATE jobs
    SET run_at = now() + make_interval(secs => %(delay)s),
-       locked_by = NULL, locked_at = NULL, lease_token = NULL,
+       locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
        failures = failures + 1,
        last_error = %(error)s
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
@@ -54,7 +55,7 @@ RETURNING id;
 WITH parked AS (
     UPDATE jobs
        SET run_at = 'infinity',
-           locked_by = NULL, locked_at = NULL, lease_token = NULL,
+           locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
            last_error = %(reason)s
      WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
     RETURNING id, kind, dedupe_key, payload, attempts, last_error
@@ -73,18 +74,19 @@ SELECT id FROM parked;
 -- Drain timed out: hand back the leases this process still holds, due now,
 -- so another worker claims them at once instead of after the lease.
 UPDATE jobs
-   SET locked_by = NULL, locked_at = NULL, lease_token = NULL
+   SET locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL
  WHERE locked_by = %(worker)s AND lease_token = ANY(%(tokens)s)
 RETURNING id;
 
 -- name: reap_expired_leases
--- One statement: the age is re-checked on the row it updates, so a lease
+-- One statement: the expiry is re-checked on the row it updates, so a lease
 -- renewed by a new claim in the meantime is left alone, and a job finished
--- (deleted) in the meantime is not resurrected. A job whose leases keep
+-- (deleted) in the meantime is not resurrected. Each lease is judged by its
+-- own expiry (the claimer's lease), never by the reaper's. A job whose leases keep
 -- expiring (its handler kills the process) is parked after max_failures.
 WITH reaped AS (
     UPDATE jobs
-       SET locked_by = NULL, locked_at = NULL, lease_token = NULL,
+       SET locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
            failures = failures + 1,
            run_at = CASE WHEN failures + 1 >= %(max_failures)s THEN 'infinity'::timestamptz
                          ELSE now() END,
@@ -94,7 +96,7 @@ WITH reaped AS (
                              ELSE format('lease expired (held by %%s since %%s)', locked_by, locked_at)
                         END
      WHERE locked_at IS NOT NULL
-       AND locked_at < now() - make_interval(secs => %(lease)s)
+       AND lease_expires_at < now()
     RETURNING id, kind, dedupe_key, payload, attempts, run_at, last_error
 ), alert AS (
     INSERT INTO alerts (kind, charge_id, details)

@@ -79,7 +79,9 @@ def _next_rung(conn, ctx, job, charge, answer) -> RetryAfter:
         money.expire_prompt(conn, charge["id"], ttl)
     unresolved = charge["status"] == "unresolved"
     if not unresolved and age >= horizon:
-        unresolved = money.escalate(conn, charge["id"], horizon) or unresolved
+        # Escalated now, by this CAS, or a moment ago by the sweep: hourly either way.
+        money.escalate(conn, charge["id"], horizon)
+        unresolved = True
     note = f"rail: {answer.kind.value}" + (f" {answer.detail or answer.reason or ''}".rstrip()
                                           if answer.kind is not StatusKind.PENDING else "")
     if unresolved:

@@ -1,13 +1,15 @@
 """``sweep:expired``: the hourly housekeeping sweep (design page, "Leases and
 crash recovery": the third place leases are reaped). It reaps expired leases,
-deletes Idempotency-Key records past their 24 hours, and reschedules itself;
-it never ends (``RetryAfter`` one hour)."""
+escalates every charge still pending past the 24-hour horizon (even one
+whose poll job was dead-lettered: "The escalation does not depend on the
+rail answering"), deletes Idempotency-Key records past their 24 hours, and
+reschedules itself; it never ends (``RetryAfter`` one hour)."""
 
 from __future__ import annotations
 
 import logging
 
-from .. import queue
+from .. import money, queue
 from ..outcome import RetryAfter
 from ..queries import Q
 from . import HOURLY, register
@@ -17,10 +19,11 @@ log = logging.getLogger("vpay.handlers.sweep")
 
 @register("sweep")
 def sweep(job, ctx):
-    lease = ctx.lease_seconds
     with ctx.pool.connection() as conn:
-        reaped = queue.reap_expired_leases(conn, lease)
+        reaped = queue.reap_expired_leases(conn)
         keys = conn.execute(Q["delete_expired_idempotency_keys"]).rowcount
+        escalated = money.escalate(conn, None, ctx.settings.escalate_after_seconds)
     log.info("sweep", extra={"worker_id": ctx.worker_id, "reaped": len(reaped),
-                             "idempotency_keys_deleted": keys, "dedupe_key": job.dedupe_key})
+                             "idempotency_keys_deleted": keys, "escalated": len(escalated),
+                             "dedupe_key": job.dedupe_key})
     return RetryAfter(HOURLY)
