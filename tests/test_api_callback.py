@@ -90,7 +90,8 @@ def test_a_second_callback_within_10_seconds_changes_nothing(stack, db):
 
 @pytest.mark.parametrize("state, sql", [
     ("leased", "UPDATE jobs SET run_at = now() + interval '90 seconds', locked_by = 'w9', "
-               "locked_at = now(), lease_token = gen_random_uuid() WHERE dedupe_key = %s"),
+               "locked_at = now(), lease_expires_at = now() + interval '300 seconds', "
+               "lease_token = gen_random_uuid() WHERE dedupe_key = %s"),
     ("dead_lettered", "UPDATE jobs SET run_at = 'infinity', last_error = 'parked' WHERE dedupe_key = %s"),
     ("due_soon", "UPDATE jobs SET run_at = now() + interval '5 seconds' WHERE dedupe_key = %s"),
 ])
@@ -138,8 +139,12 @@ def test_a_charge_without_a_poll_job_gets_one_and_a_terminal_charge_one_verifica
     ref = charge["rail_reference"]
     db.execute("UPDATE jobs SET run_at = now() WHERE dedupe_key = %s", (f"poll:{charge['id']}",))
     worker = spawn("vpay-worker", "--idle-sleep", "0.2", "--lease-seconds", "300", env=stack.env())
+    # Settled, and the worker is done with the settlement's fan-out too: the
+    # snapshots below must see only what the callback does.
     wait_until(lambda: db.execute("SELECT status FROM charges WHERE id = %s", (charge["id"],)).fetchone()[0]
-               == "succeeded" and _poll_job(db, charge["id"]) is None, timeout=15, what="settlement")
+               == "succeeded" and _poll_job(db, charge["id"]) is None
+               and db.execute("SELECT count(*) FROM jobs WHERE kind IN ('fanout', 'deliver')").fetchone()[0] == 0,
+               timeout=15, what="settlement and its fan-out")
     assert _status_reads(stack.rail, ref) == 1
 
     # Just read: a callback now changes nothing.
@@ -150,11 +155,16 @@ def test_a_charge_without_a_poll_job_gets_one_and_a_terminal_charge_one_verifica
     # Later: one poll is enqueued; it makes one verification read and changes no money.
     db.execute("UPDATE charges SET last_polled_at = now() - interval '1 minute' WHERE id = %s",
                (charge["id"],))
-    money_before = snapshot(db, "payment_intents", "charges", "events")
+    money_sql = ("SELECT id, status, failure_code, amount, settled_at, submitted_at, rail_transaction_id "
+                 "FROM charges ORDER BY id")
+    money_before = snapshot(db, "payment_intents", "events"), db.execute(money_sql).fetchall()
     assert stack.callback(ref, SUCCESS_CLAIM).status_code == 202
     wait_until(lambda: _status_reads(stack.rail, ref) == 2 and _poll_job(db, charge["id"]) is None,
                timeout=15, what="the verification read")
-    assert snapshot(db, "payment_intents", "charges", "events") == money_before
+    assert (snapshot(db, "payment_intents", "events"), db.execute(money_sql).fetchall()) == money_before
+    # the read is stamped, so the route's 10 s rule spaces verification reads too
+    assert db.execute("SELECT last_polled_at > now() - interval '30 seconds' FROM charges WHERE id = %s",
+                      (charge["id"],)).fetchone() == (True,)
     assert stack.proc.find("callback hint", charge_id=charge["id"], action="enqueued")
     assert worker.popen.poll() is None
 

@@ -102,8 +102,9 @@ def _arrange(db, charges: dict[str, dict]) -> None:
                        "('poll', %s, %s, now() + interval '90 seconds')", (key, payload))
         elif state == "leased":
             db.execute("INSERT INTO jobs (kind, dedupe_key, payload, run_at, locked_by, locked_at, "
-                       "lease_token, attempts) VALUES ('poll', %s, %s, now() + interval '90 seconds', "
-                       "'w', now(), gen_random_uuid(), 1)", (key, payload))
+                       "lease_expires_at, lease_token, attempts) VALUES ('poll', %s, %s, "
+                       "now() + interval '90 seconds', 'w', now(), now() + interval '300 seconds', "
+                       "gen_random_uuid(), 1)", (key, payload))
         elif state == "dead":
             db.execute("INSERT INTO jobs (kind, dedupe_key, payload, run_at, last_error) VALUES "
                        "('poll', %s, %s, 'infinity', 'parked')", (key, payload))

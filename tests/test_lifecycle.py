@@ -249,6 +249,15 @@ def test_a_settled_charge_is_verified_once_and_never_changed(db, db_url, pool, s
         ["payment_intent.processing", "payment_intent.succeeded"]
     alerts = db.execute("SELECT kind, details->>'rail_says', details->>'where' FROM alerts").fetchall()
     assert alerts == ([("rail_contradiction", "failed", "poll")] if alert else [])
+    assert _row(db, "SELECT last_polled_at IS NOT NULL FROM charges WHERE id = %s", charge_id) == (True,)
+    # asked again (anyone can send a callback): one more read, still one open alert
+    queue.enqueue(db, "poll", f"poll:{charge_id}", {"charge_id": charge_id})
+    wait_until(lambda: sandbox.count(method="GET", reference=ref) == before + 2, timeout=30,
+               what="the second verification read")
+    wait_until(lambda: db.execute("SELECT count(*) FROM jobs WHERE dedupe_key = %s",
+                                  (f"poll:{charge_id}",)).fetchone()[0] == 0, timeout=30,
+               what="the second verification poll to end")
+    assert db.execute("SELECT count(*) FROM alerts").fetchone()[0] == (1 if alert else 0)
 
 
 def test_a_charge_whose_poll_was_dead_lettered_is_still_escalated_by_the_sweep(db, db_url, pool, sandbox,

@@ -182,3 +182,21 @@ def test_a_job_whose_rail_is_not_configured_waits_and_is_never_parked(db, pool, 
                      "FROM jobs WHERE dedupe_key = %s", (f"poll:{created.charge['id']}",)).fetchone()
     assert row[:3] == (True, True, 0) and row[3].startswith("rail not configured")
     assert db.execute("SELECT count(*) FROM alerts").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--idle-sleep", "nan"], {}), (["--lease-seconds", "inf"], {}), (["--lease-seconds", "nan"], {}),
+    (["--shutdown-grace-seconds", "nan"], {}), (["--shutdown-grace-seconds", "-inf"], {}),
+    ([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9"}),  # half a rail: its credentials are missing
+    ([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9", "VPAY_MTN_SUBSCRIPTION_KEY": "k", "VPAY_MTN_API_USER": "u",
+          "VPAY_MTN_API_KEY": "p", "VPAY_MTN_READ_TIMEOUT_SECONDS": "abc"}),
+    ([], {"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "abc"}),
+], ids=["idle-nan", "lease-inf", "lease-nan", "grace-nan", "grace-minus-inf", "half-a-rail",
+        "bad-rail-timeout", "bad-webhook-timeout"])
+def test_a_configuration_that_cannot_work_is_refused_at_boot_with_78(db, db_url, args, env):
+    res = subprocess.run([script("vpay-worker"), *args], env=base_env(db_url, **env), capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "configuration refused" in res.stderr
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0  # booted nothing, enqueued nothing
+

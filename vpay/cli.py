@@ -82,18 +82,32 @@ def worker(worker_concurrency: int, shutdown_grace_seconds: float, lease_seconds
     if not 1 <= worker_concurrency <= MAX_CONNECTIONS // 2:
         _refuse(f"--worker-concurrency {worker_concurrency} is outside 1..{MAX_CONNECTIONS // 2} "
                 f"(MAX_CONNECTIONS // 2); scale with more replicas instead")
-    if shutdown_grace_seconds < 0 or lease_seconds <= 0 or idle_sleep <= 0:
-        _refuse("--shutdown-grace-seconds must be >= 0, --lease-seconds and --idle-sleep > 0")
+    import math
+    if not all(map(math.isfinite, (shutdown_grace_seconds, lease_seconds, idle_sleep))) \
+            or shutdown_grace_seconds < 0 or lease_seconds <= 0 or idle_sleep <= 0:
+        _refuse("--shutdown-grace-seconds must be >= 0, --lease-seconds and --idle-sleep > 0, "
+                "all finite numbers")
     from .handlers import Context
     from .loop import Worker, WorkerConfig
     from .settings import ConfigError, Settings
     from .signals import ShutdownSignals
 
     signals = ShutdownSignals().install()  # before the pool: a TERM during boot still drains
+    from .rails import configured_rails
+    from .rails.port import RailError
+    from .webhooks import timeouts
     try:
         settings = Settings.from_env()
-    except ConfigError as exc:
+        timeouts()
+        rails = configured_rails()
+    except (ConfigError, RailError) as exc:
         _refuse(str(exc))
+    if not rails:
+        log.warning("no rail is configured (VPAY_MTN_*, VPAY_ORANGE_*): payment jobs will wait")
+    if lease_seconds < 60:
+        log.warning("--lease-seconds is below 60: a rail read or a webhook POST can take longer, "
+                    "and a handler that outruns its lease has its outcome discarded (tests only)",
+                    extra={"lease_seconds": lease_seconds})
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     from psycopg_pool import PoolTimeout
     try:

@@ -270,8 +270,8 @@ def note_contradiction(conn: psycopg.Connection, charge_id: str, ours: str, our_
     nothing else (runbook: worker-queue, "a rail contradicting a settled charge")."""
     details = {"ours": ours, "our_failure_code": our_code, "rail_says": rail_says,
                "rail_reason": rail_code, "where": where}
-    raise_alert(conn, "rail_contradiction", charge_id, details)
-    log.error("rail contradicts a settled charge", extra={"charge_id": charge_id, **details})
+    if raise_alert(conn, "rail_contradiction", charge_id, details):  # one open alert per answer
+        log.error("rail contradicts a settled charge", extra={"charge_id": charge_id, **details})
 
 
 def escalate(conn: psycopg.Connection, charge_id: str | None, horizon_seconds: int) -> list[str]:

@@ -99,10 +99,13 @@ def _verify_settled(ctx, charge, answer) -> Done:
     the opposite terminal answer is a contradiction; anything else, including
     a stale PENDING, changes nothing."""
     ours = charge["status"]
-    if answer.terminal:
-        theirs = "succeeded" if answer.kind is StatusKind.SUCCEEDED else "failed"
-        if theirs != ours:
-            with ctx.pool.connection() as conn:
+    with ctx.pool.connection() as conn:
+        # Stamped, so the callback route's 10 s rule also spaces these reads.
+        money.record_poll(conn, charge["id"], rail_knows=answer.kind in (
+            StatusKind.PENDING, StatusKind.SUCCEEDED, StatusKind.FAILED))
+        if answer.terminal:
+            theirs = "succeeded" if answer.kind is StatusKind.SUCCEEDED else "failed"
+            if theirs != ours:
                 money.note_contradiction(conn, charge["id"], ours, charge["failure_code"],
                                          theirs, answer.reason, where="poll")
     return Done()

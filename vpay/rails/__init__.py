@@ -21,3 +21,21 @@ def build_rail(code: str) -> Rail:
         from .orange import OrangeMoney
         return OrangeMoney.from_env()
     raise RailError(f"unknown rail {code!r}; known: {', '.join(KNOWN_RAILS)}")
+
+
+def configured_rails(environ=None) -> list[str]:
+    """The rails whose ``VPAY_<RAIL>_*`` settings are present, each built
+    once to check them. A rail with none of its settings is simply not
+    configured here; one with some of them must build, or this raises
+    ``RailError`` naming the problem (missing or malformed settings): a
+    half-configured rail is refused at boot rather than failing every job."""
+    import os
+    env = os.environ if environ is None else environ
+    present = []
+    for code in KNOWN_RAILS:
+        prefix = f"VPAY_{code.upper()}_"
+        if not any(k.startswith(prefix) and v.strip() for k, v in env.items()):
+            continue
+        build_rail(code)  # raises RailError on a missing or malformed setting
+        present.append(code)
+    return present
