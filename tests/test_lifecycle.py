@@ -275,3 +275,23 @@ def test_a_charge_whose_poll_was_dead_lettered_is_still_escalated_by_the_sweep(d
     assert db.execute("SELECT kind, charge_id FROM alerts").fetchall() == [("charge_unresolved", charge_id)]
     assert _row(db, "SELECT run_at = 'infinity' FROM jobs WHERE dedupe_key = %s", f"poll:{charge_id}") == (True,)
     assert worker.wait_for_log("sweep")["escalated"] == 1
+
+
+@pytest.mark.parametrize("amount", ["0.01", "250.00"])
+def test_a_success_for_another_amount_settles_nothing_and_raises_one_alert(db, db_url, pool, sandbox, merchant,
+                                                                          spawn, amount):
+    # Found by review: SUCCESSFUL settled a 25.00 EUR charge whatever amount the rail reported.
+    sandbox.script(PAYER, outcome="PENDING")
+    env = rail_env(sandbox)
+    created = _create(pool, env, merchant)  # 2500 minor units = "25.00" EUR
+    charge_id, ref = created["charge"]["id"], created["charge"]["rail_reference"]
+    sandbox.set_status(ref, "SUCCESSFUL", amount=amount)
+    spawn("vpay-worker", "--idle-sleep", "0.1", env=base_env(db_url, **env))
+    with TimeMachine(db_url):
+        wait_until(lambda: _row(db, "SELECT attempts FROM jobs WHERE dedupe_key = %s", f"poll:{charge_id}")[0] >= 3,
+                   timeout=30, what="three polls")
+    assert _row(db, "SELECT status FROM charges WHERE id = %s", charge_id) == ("pending",)
+    assert [t for t, _ in _events(db, created["payment_intent"]["id"])] == ["payment_intent.processing"]
+    alerts = db.execute("SELECT kind, details->>'where', details->>'rail_reason' FROM alerts").fetchall()
+    expected_minor = int(amount.replace(".", ""))
+    assert alerts == [("rail_contradiction", "amount_mismatch", f"{expected_minor} EUR")]

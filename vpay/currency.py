@@ -52,3 +52,19 @@ def minor_to_major_string(amount: int, currency: str) -> str:
         return str(amount)
     major, minor = divmod(amount, 10**exp)
     return f"{major}.{minor:0{exp}d}"
+
+
+def major_string_to_minor(value, currency: str) -> int | None:
+    """A rail's decimal amount in major units (``"10.50"``, ``"5000"``,
+    ``10.5``) as an int in minor units, or ``None`` when it is not a number
+    or has more decimals than the currency's exponent (exact: Decimal)."""
+    from decimal import Decimal, InvalidOperation
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    try:
+        scaled = Decimal(str(value).strip()) * (10 ** exponent(currency))
+    except InvalidOperation:
+        return None
+    if not scaled.is_finite() or scaled != scaled.to_integral_value():
+        return None
+    return int(scaled)

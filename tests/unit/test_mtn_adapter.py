@@ -645,3 +645,20 @@ def test_no_credential_in_any_log_record(rsps, adapter, caplog):
             assert secret not in text, f"{record.name} logged a credential"
     for answer in answers:
         assert not any(secret in repr(answer) for secret in SECRETS)
+
+
+
+def test_a_success_reports_the_amount_and_currency_the_rail_moved(rsps, adapter):
+    add_token(rsps)
+    add_status(rsps, json={"status": "SUCCESSFUL", "financialTransactionId": "1",
+                           "amount": "10.50", "currency": "EUR"})
+    result = adapter.status(CHARGE)
+    assert (result.amount, result.currency) == (1050, "EUR")
+
+
+@pytest.mark.parametrize("value,currency,minor", [("10.50", "EUR", 1050), ("5000", "UGX", 5000),
+                                                  ("10.505", "EUR", None), ("ten", "EUR", None),
+                                                  (None, "EUR", None), ("NaN", "EUR", None)])
+def test_major_string_to_minor_is_exact(value, currency, minor):
+    from vpay.currency import major_string_to_minor
+    assert major_string_to_minor(value, currency) == minor

@@ -11,6 +11,9 @@ authenticated status read moves money; callbacks only pull it forward.
   to ``unresolved`` and polled every hour from then on, for ever.
 * A charge already terminal gets one verification read: a rail reporting the
   opposite raises a ``rail_contradiction`` alert and changes nothing.
+* A SUCCESSFUL answer whose amount or currency is not the charge's settles
+  nothing: one ``rail_contradiction`` alert (``where: amount_mismatch``), and
+  the charge keeps its ladder (and its 24-hour escalation).
 * 404 for a charge the rail never confirmed → ``resubmit:<charge_id>``; for a
   confirmed one it is "no answer".
 """
@@ -60,6 +63,11 @@ def poll(job, ctx):
     rail_knows = answer.kind in (StatusKind.PENDING, StatusKind.SUCCEEDED, StatusKind.FAILED)
     with ctx.pool.connection() as conn:
         money.record_poll(conn, charge_id, rail_knows)
+        if answer.kind is StatusKind.SUCCEEDED and not _same_money(charge, answer):
+            # Money moved, but not this charge's money: a human reconciles it.
+            money.note_contradiction(conn, charge_id, charge["status"], None, "succeeded_other_amount",
+                                     f"{answer.amount} {answer.currency}", where="amount_mismatch")
+            return _next_rung(conn, ctx, job, charge, answer)
         if answer.terminal:
             testhooks.pause("before_settle_commit")
             money.settle(conn, charge_id, answer.kind, failure_code=answer.reason,
@@ -92,6 +100,14 @@ def _next_rung(conn, ctx, job, charge, answer) -> RetryAfter:
         if age < clock:
             delay = min(delay, max(clock - age, 1.0))
     return RetryAfter(delay, note)
+
+
+def _same_money(charge, answer) -> bool:
+    """A success settles only when the rail's amount and currency, where it
+    reports them, are the charge's (minor units, ISO 4217)."""
+    if answer.currency is not None and answer.currency != charge["currency"]:
+        return False
+    return answer.amount is None or answer.amount == charge["amount"]
 
 
 def _verify_settled(ctx, charge, answer) -> Done:

@@ -69,7 +69,7 @@ from vpay.rails.port import (
     SubmitKind,
 )
 
-from ..currency import minor_to_major_string  # noqa: E402  (re-exported for callers)
+from ..currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
 
 log = logging.getLogger("vpay.rails.mtn")
 
@@ -669,8 +669,11 @@ def _status_from_body(content: bytes) -> RailStatus:
     if status == "PENDING":
         return RailStatus(StatusKind.PENDING, reason=reason, http_status=200)
     if status == "SUCCESSFUL":
+        currency = body.get("currency") if isinstance(body.get("currency"), str) else None
+        amount = major_string_to_minor(body.get("amount"), currency) if currency else None
         return RailStatus(StatusKind.SUCCEEDED, http_status=200,
-                          financial_transaction_id=_short_id(body.get("financialTransactionId")))
+                          financial_transaction_id=_short_id(body.get("financialTransactionId")),
+                          amount=amount, currency=currency.upper() if currency else None)
     if status == "FAILED":
         if reason in NOT_FINAL_FAILURE_REASONS:
             return RailStatus(StatusKind.PENDING, reason=reason, http_status=200,

@@ -88,6 +88,8 @@ class RailStatus:
 
     ``reason`` is the rail's reason code (a plain string: MoMo's ``reason``
     normalised from either its string or its ``{code, message}`` shape).
+    ``amount`` (minor units) and ``currency`` are what the rail reports for
+    the transaction, or ``None`` when its answer does not say.
     ``financial_transaction_id`` is the rail's id for a moved payment, when
     given. ``detail`` is a short human text for logs (never a credential).
     """
@@ -97,6 +99,11 @@ class RailStatus:
     financial_transaction_id: str | None = None
     http_status: int | None = None
     detail: str | None = None
+    # What the rail says moved, when its answer says (MoMo's status body
+    # echoes amount and currency): minor units and ISO 4217. The poll handler
+    # refuses to settle a success whose amount or currency is not the charge's.
+    amount: int | None = None
+    currency: str | None = None
 
     @property
     def terminal(self) -> bool:

@@ -716,10 +716,13 @@ class SandboxRail:
         with self._lock:
             return {p: s.as_dict() for p, s in self._scripts.items()}
 
-    def set_status(self, ref: str, status: str, reason: str | None = None) -> dict[str, Any]:
+    def set_status(self, ref: str, status: str, reason: str | None = None, *,
+                   amount: str | None = None) -> dict[str, Any]:
         """Force transaction ``ref`` to ``status`` for ever (reads, timers and
-        scripts no longer change it). May fire the callback if the transaction
-        was never terminal before. Raises KeyError for an unknown reference."""
+        scripts no longer change it); ``amount`` (a major-units string) makes
+        the status body report another amount than was asked for. May fire the
+        callback if the transaction was never terminal before. Raises KeyError
+        for an unknown reference."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}")
         if reason is not None and (not isinstance(reason, str) or not reason):
@@ -727,6 +730,8 @@ class SandboxRail:
         with self._lock:
             txn = self._txns[ref]
             txn.forced = True
+            if amount is not None:
+                txn.amount = amount
             if status == FAILED and reason is None:
                 reason = _DEFAULT_DECLINE
             fire = self._become(txn, status, reason)
