@@ -40,10 +40,13 @@ def test_create_payment_writes_intent_charge_poll_job_and_event_together(db, mer
     ("amount", 0), ("amount", -5), ("amount", 1.5), ("amount", True), ("amount", "100"),
     ("currency", "XXX"), ("currency", "EURO"), ("currency", None),
     ("payer", "abc"), ("payer", "1234"), ("payer", "2567700000012345678"), ("payer", "+25677 000"),
+    ("payer", "256770000097\n"), ("merchant_id", "m_test\n"), ("description", "a\x01b"),
+    ("description", "x" * 161), ("description", 5),
     ("rail", "visa"), ("merchant_id", "no_such_merchant"), ("merchant_id", ""),
 ])
 def test_bad_input_raises_a_clear_error_and_writes_nothing(db, merchant, field, value):
-    args = dict(merchant_id=merchant, amount=1500, currency="EUR", rail="mtn", payer="256770000001")
+    args = dict(merchant_id=merchant, amount=1500, currency="EUR", rail="mtn", payer="256770000001",
+                description=None)
     args[field] = value
     with pytest.raises(money.InvalidPayment) as err:
         money.create_payment(db, **args)

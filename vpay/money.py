@@ -33,8 +33,10 @@ from .rails.port import ChargeRequest, StatusKind
 
 log = logging.getLogger("vpay.money")
 
-MSISDN = re.compile(r"^\+?([0-9]{8,15})$")
-MERCHANT = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# Used with fullmatch: a "$" anchor would also accept a trailing newline.
+MSISDN = re.compile(r"\+?([0-9]{8,15})")
+MERCHANT = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_AMOUNT = 10**12  # minor units; well past any mobile-money wallet limit
 
 FIRST_POLL_SECONDS = 10.0  # the ladder's first rung: the poll job is born due in 10 s
@@ -76,7 +78,7 @@ def validate(merchant_id: str, amount: Any, currency: Any, rail: Any, payer: Any
     payer: an MSISDN, 8 to 15 digits, an optional leading ``+`` dropped;
     rail: one of ``vpay.rails.KNOWN_RAILS``.
     """
-    if not isinstance(merchant_id, str) or not MERCHANT.match(merchant_id):
+    if not isinstance(merchant_id, str) or not MERCHANT.fullmatch(merchant_id):
         raise InvalidPayment("merchant", "merchant must be 1-64 letters, digits, '_', '-' or '.'")
     if isinstance(amount, bool) or not isinstance(amount, int):
         raise InvalidPayment("amount", "amount must be a whole number of minor units")
@@ -86,7 +88,7 @@ def validate(merchant_id: str, amount: Any, currency: Any, rail: Any, payer: Any
         raise InvalidPayment("currency", f"unknown or unsupported currency {currency!r}")
     if rail not in KNOWN_RAILS:
         raise InvalidPayment("rail", f"unknown rail {rail!r}; known: {', '.join(KNOWN_RAILS)}")
-    m = MSISDN.match(payer) if isinstance(payer, str) else None
+    m = MSISDN.fullmatch(payer) if isinstance(payer, str) else None
     if not m:
         raise InvalidPayment("payer", "payer must be an MSISDN: 8 to 15 digits, international form")
     return merchant_id, amount, currency.upper(), rail, m.group(1)
@@ -125,8 +127,10 @@ def create_payment(conn: psycopg.Connection, *, merchant_id: str, amount: int, c
     is written then.
     """
     merchant_id, amount, currency, rail, payer = validate(merchant_id, amount, currency, rail, payer)
-    if description is not None and (not isinstance(description, str) or len(description) > 160):
-        raise InvalidPayment("description", "description must be text of at most 160 characters")
+    if description is not None and (not isinstance(description, str) or len(description) > 160
+                                    or CONTROL.search(description)):
+        raise InvalidPayment("description", "description must be text of at most 160 characters, "
+                                            "without control characters")
     try:
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             intent = cur.execute(Q["insert_intent"], {
