@@ -662,3 +662,20 @@ def test_a_success_reports_the_amount_and_currency_the_rail_moved(rsps, adapter)
 def test_major_string_to_minor_is_exact(value, currency, minor):
     from vpay.currency import major_string_to_minor
     assert major_string_to_minor(value, currency) == minor
+
+
+def test_a_failed_token_fetch_is_remembered_so_waiting_calls_fail_fast(rsps, adapter, clock):
+    # Found by review: a hung token endpoint held every claim loop in turn,
+    # each thread making its own slow fetch, until the watchdog killed the worker.
+    from vpay.rails.mtn import TOKEN_FAILURE_MEMORY_SECONDS
+    rsps.add(responses.POST, TOKEN_URL, status=500, body=b"down")
+    assert adapter.status(CHARGE).kind is StatusKind.NO_ANSWER
+    assert adapter.status(CHARGE).kind is StatusKind.NO_ANSWER
+    assert adapter.request_to_pay(CHARGE).kind is SubmitKind.NO_ANSWER
+    assert len(calls_to(rsps, TOKEN_URL)) == 1  # one fetch; the others failed fast
+    clock.now += TOKEN_FAILURE_MEMORY_SECONDS + 1
+    rsps.replace(responses.POST, TOKEN_URL, status=200,
+                 json={"access_token": ACCESS_TOKEN, "token_type": "access_token", "expires_in": 3600})
+    add_status(rsps, json={"status": "PENDING"})
+    assert adapter.status(CHARGE).kind is StatusKind.PENDING
+    assert len(calls_to(rsps, TOKEN_URL)) == 2

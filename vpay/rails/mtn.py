@@ -108,6 +108,9 @@ _RETRIED_HTTP_STATUSES = frozenset({502, 503, 504})
 # A cached token is dropped this many seconds before MoMo says it expires, so
 # that a request sent just before expiry does not arrive with a dead token.
 TOKEN_SAFETY_MARGIN_SECONDS = 60.0
+TOKEN_FAILURE_MEMORY_SECONDS = 15.0
+"""How long a failed token fetch is remembered: calls within it answer
+NO_ANSWER without contacting the token endpoint."""
 
 # Our references are UUIDv4 strings in canonical 8-4-4-4-12 form.
 _UUID_RE = re.compile(
@@ -151,7 +154,7 @@ class _Product:
     product caches its own. Holds credentials: never logged (no repr of
     them)."""
 
-    __slots__ = ("name", "subscription_key", "basic_auth", "lock", "token")
+    __slots__ = ("name", "subscription_key", "basic_auth", "lock", "token", "failed")
 
     def __init__(self, name: str, subscription_key: str, api_user: str, api_key: str) -> None:
         self.name = name
@@ -159,6 +162,7 @@ class _Product:
         self.basic_auth = "Basic " + base64.b64encode(f"{api_user}:{api_key}".encode()).decode("ascii")
         self.lock = threading.Lock()
         self.token: tuple[str, float] | None = None  # (access_token, expires_at per clock)
+        self.failed: tuple["_NoAnswer", float] | None = None  # (the failure, until per clock)
 
     def __repr__(self) -> str:
         return f"_Product({self.name!r})"
@@ -541,13 +545,24 @@ class MtnMomo:
         ``POST {base}/{product}/token/``.
 
         The lock is held during the fetch on purpose: threads that find the
-        cache empty wait for one fetch instead of each making their own.
+        cache empty wait for one fetch instead of each making their own. A
+        failed fetch is remembered for ``TOKEN_FAILURE_MEMORY_SECONDS``: the
+        threads that waited behind it answer "no answer" at once instead of
+        each trying again in turn (a hung token endpoint would otherwise hold
+        every claim loop for minutes, and the watchdog would kill the worker).
         """
         with product.lock:
             now = self._clock()
             if product.token is not None and now < product.token[1]:
                 return product.token[0]
-            token, lifetime = self._fetch_token(product)
+            if product.failed is not None and now < product.failed[1]:
+                raise product.failed[0]
+            try:
+                token, lifetime = self._fetch_token(product)
+            except _NoAnswer as failure:
+                product.failed = (failure, self._clock() + TOKEN_FAILURE_MEMORY_SECONDS)
+                raise
+            product.failed = None
             margin = min(TOKEN_SAFETY_MARGIN_SECONDS, lifetime / 2)
             product.token = (token, now + lifetime - margin)
             return token
