@@ -3,7 +3,9 @@ param?}}`` with 400/401/404/409/413/422, 500/503 for our own trouble.
 
 Every error the app answers goes through ``serialize``: the ones we raise
 (``ApiError``) and Falcon's own (unknown route, wrong method, bad header),
-so a client never sees another shape, a stack trace or an HTML page.
+so a client never sees another shape or a stack trace from the app. (A request
+gunicorn itself cannot parse, such as ``Content-Length: abc``, gets gunicorn's
+own plain 400 before the app runs.)
 """
 
 from __future__ import annotations
