@@ -1373,7 +1373,10 @@ def _json_object(raw: bytes, allow_empty: bool = False) -> dict[str, Any]:
     return obj
 
 
-def _parse_rtp_body(raw: bytes) -> dict[str, Any] | _Resp:
+def _parse_money_body(raw: bytes, extra: Callable[[dict[str, Any]], str | None]) -> dict[str, Any] | _Resp:
+    """The checks a request-to-pay and a refund body share (``amount`` as a
+    positive decimal string, ``currency``, ``externalId``, messages of at
+    most 160 characters), then ``extra(body)``: an error text, or None."""
     def bad(msg: str) -> _Resp:
         return _error(400, "BAD_REQUEST", msg)
 
@@ -1391,45 +1394,35 @@ def _parse_rtp_body(raw: bytes) -> dict[str, Any] | _Resp:
         return bad("currency must be an ISO 4217 code")
     if not isinstance(body.get("externalId"), str):
         return bad("externalId must be a string")
-    payer = body.get("payer")
-    if (not isinstance(payer, dict) or payer.get("partyIdType") not in ("MSISDN", "EMAIL", "PARTY_CODE")
-            or not isinstance(payer.get("partyId"), str) or not payer["partyId"]):
-        return bad("payer must be {partyIdType: MSISDN|EMAIL|PARTY_CODE, partyId}")
+    problem = extra(body)
+    if problem:
+        return bad(problem)
     for name in ("payerMessage", "payeeNote"):
         v = body.get(name)
         if v is not None and (not isinstance(v, str) or len(v) > _MAX_MESSAGE):
             return bad(f"{name} must be a string of at most {_MAX_MESSAGE} characters")
     return body
+
+
+def _parse_rtp_body(raw: bytes) -> dict[str, Any] | _Resp:
+    """The request-to-pay body: the shared checks and ``payer``."""
+    def payer_problem(body: dict[str, Any]) -> str | None:
+        payer = body.get("payer")
+        if (not isinstance(payer, dict) or payer.get("partyIdType") not in ("MSISDN", "EMAIL", "PARTY_CODE")
+                or not isinstance(payer.get("partyId"), str) or not payer["partyId"]):
+            return "payer must be {partyIdType: MSISDN|EMAIL|PARTY_CODE, partyId}"
+        return None
+    return _parse_money_body(raw, payer_problem)
 
 
 def _parse_refund_body(raw: bytes) -> dict[str, Any] | _Resp:
-    """The refund body: ``{amount: "string", currency, externalId,
-    payerMessage?, payeeNote?, referenceIdToRefund (UUID)}``."""
-    def bad(msg: str) -> _Resp:
-        return _error(400, "BAD_REQUEST", msg)
-
-    try:
-        body = json.loads(raw) if raw.strip() else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return bad("Body is not valid JSON")
-    if not isinstance(body, dict):
-        return bad("Body must be a JSON object")
-    amount = body.get("amount")
-    if not isinstance(amount, str) or not _AMOUNT_RE.match(amount) or float(amount) <= 0:
-        return bad("amount must be a positive decimal number in a string")
-    currency = body.get("currency")
-    if not isinstance(currency, str) or not re.fullmatch(r"[A-Z]{3}", currency):
-        return bad("currency must be an ISO 4217 code")
-    if not isinstance(body.get("externalId"), str):
-        return bad("externalId must be a string")
-    target = body.get("referenceIdToRefund")
-    if not isinstance(target, str) or not _UUID4_RE.match(target):
-        return bad("referenceIdToRefund must be the UUID of the transaction to refund")
-    for name in ("payerMessage", "payeeNote"):
-        v = body.get(name)
-        if v is not None and (not isinstance(v, str) or len(v) > _MAX_MESSAGE):
-            return bad(f"{name} must be a string of at most {_MAX_MESSAGE} characters")
-    return body
+    """The refund body: the shared checks and ``referenceIdToRefund`` (UUID)."""
+    def target_problem(body: dict[str, Any]) -> str | None:
+        target = body.get("referenceIdToRefund")
+        if not isinstance(target, str) or not _UUID4_RE.match(target):
+            return "referenceIdToRefund must be the UUID of the transaction to refund"
+        return None
+    return _parse_money_body(raw, target_problem)
 
 
 # --------------------------------------------------------------------------- CLI
