@@ -54,8 +54,11 @@ def _assert_escalated(db, created):
     charge_id, intent_id = created["charge"]["id"], created["payment_intent"]["id"]
     wait_until(lambda: _row(db, "SELECT status FROM charges WHERE id = %s", charge_id)[0] == "unresolved",
                timeout=30, what="escalation")
-    wait_until(lambda: _row(db, "SELECT locked_at IS NULL FROM jobs WHERE dedupe_key = %s",
-                            f"poll:{charge_id}")[0], timeout=30, what="the poll to be rescheduled")
+    # escalated by the poll or by the sweep (which runs at boot too): either
+    # way the poll ends rescheduled an hour out
+    wait_until(lambda: _row(db, "SELECT locked_at IS NULL AND run_at > now() + interval '50 minutes' "
+                                "FROM jobs WHERE dedupe_key = %s", f"poll:{charge_id}")[0],
+               timeout=30, what="the poll to be rescheduled")
     assert _row(db, "SELECT unresolved_at IS NOT NULL FROM charges WHERE id = %s", charge_id) == (True,)
     alerts = db.execute("SELECT kind, charge_id FROM alerts").fetchall()
     assert alerts == [("charge_unresolved", charge_id)]
@@ -107,6 +110,10 @@ def test_unresolved_charge_succeeding_at_hour_30_settles_normally(db, db_url, po
     spawn("vpay-worker", "--idle-sleep", "0.1", env=base_env(db_url, **env))
     wait_until(lambda: _row(db, "SELECT status FROM charges WHERE id = %s", charge_id)[0] == "unresolved",
                timeout=30, what="escalation")
+    # the sweep may escalate while the poll is still leased: wait for its hourly reschedule
+    wait_until(lambda: _row(db, "SELECT locked_at IS NULL AND run_at > now() + interval '50 minutes' "
+                                "FROM jobs WHERE dedupe_key = %s", f"poll:{charge_id}")[0],
+               timeout=30, what="the poll to be rescheduled an hour out")
     sandbox.set_status(created["charge"]["rail_reference"], "SUCCESSFUL")
     _age(db, charge_id, 30 * 3600)  # hour 30: the hourly poll comes round
     wait_until(lambda: _row(db, "SELECT status FROM charges WHERE id = %s", charge_id)[0] == "succeeded",
