@@ -190,9 +190,12 @@ def test_a_job_whose_rail_is_not_configured_waits_and_is_never_parked(db, pool, 
     ([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9"}),  # half a rail: its credentials are missing
     ([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9", "VPAY_MTN_SUBSCRIPTION_KEY": "k", "VPAY_MTN_API_USER": "u",
           "VPAY_MTN_API_KEY": "p", "VPAY_MTN_READ_TIMEOUT_SECONDS": "abc"}),
+    *[([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9", "VPAY_MTN_SUBSCRIPTION_KEY": "k", "VPAY_MTN_API_USER": "u",
+            "VPAY_MTN_API_KEY": "p", "VPAY_MTN_READ_TIMEOUT_SECONDS": bad}) for bad in ("0", "-1", "inf", "nan")],
     ([], {"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "abc"}),
 ], ids=["idle-nan", "lease-inf", "lease-nan", "grace-nan", "grace-minus-inf", "half-a-rail",
-        "bad-rail-timeout", "bad-webhook-timeout"])
+        "bad-rail-timeout", "rail-timeout-0", "rail-timeout-negative", "rail-timeout-inf", "rail-timeout-nan",
+        "bad-webhook-timeout"])
 def test_a_configuration_that_cannot_work_is_refused_at_boot_with_78(db, db_url, args, env):
     res = subprocess.run([script("vpay-worker"), *args], env=base_env(db_url, **env), capture_output=True,
                          text=True, timeout=60)

@@ -67,6 +67,7 @@ from vpay.rails.port import (
     StatusKind,
     Submit,
     SubmitKind,
+    seconds_setting,
 )
 
 from ..currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
@@ -275,12 +276,9 @@ class MtnMomo:
             )
         for name, key in (("VPAY_MTN_CONNECT_TIMEOUT_SECONDS", "connect_timeout"),
                           ("VPAY_MTN_READ_TIMEOUT_SECONDS", "read_timeout")):
-            raw = environ.get(name, "").strip()
-            if raw and key not in kwargs:
-                try:
-                    kwargs[key] = float(raw)
-                except ValueError:
-                    raise RailError(f"{name} must be a number of seconds") from None
+            value = seconds_setting(environ, name)
+            if value is not None and key not in kwargs:
+                kwargs[key] = value
         for key, name in _ENV_DISBURSEMENT.items():
             if key not in kwargs and environ.get(name):
                 kwargs[key] = environ[name]

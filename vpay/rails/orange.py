@@ -76,6 +76,7 @@ from .port import (
     StatusKind,
     Submit,
     SubmitKind,
+    seconds_setting,
 )
 
 log = logging.getLogger("vpay.rails.orange")
@@ -273,12 +274,9 @@ class OrangeMoney:
             raise RailError("Orange Money adapter: missing environment variable(s): "
                             + ", ".join(missing))
         for key, name in _ENV_TIMEOUTS.items():
-            raw = environ.get(name, "").strip()
-            if raw and key not in kwargs:
-                try:
-                    kwargs[key] = float(raw)
-                except ValueError:
-                    raise RailError(f"{name} must be a number of seconds") from None
+            value = seconds_setting(environ, name)
+            if value is not None and key not in kwargs:
+                kwargs[key] = value
         for key, name in _ENV_OPTIONAL.items():
             if key not in kwargs and environ.get(name):
                 kwargs[key] = environ[name]

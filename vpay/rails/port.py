@@ -24,6 +24,24 @@ class RailError(Exception):
     ``RailStatus`` / ``Submit`` values."""
 
 
+def seconds_setting(environ, name: str, maximum: float = 600.0) -> float | None:
+    """A rail adapter's timeout setting ``name`` in seconds, or ``None`` when
+    unset. Raises ``RailError`` unless it is a finite number above 0 and at
+    most ``maximum`` (a 0, negative, NaN or infinite timeout would only fail,
+    or hang, at the first rail call)."""
+    import math
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= maximum):
+        raise RailError(f"{name} must be a number of seconds above 0 and at most {maximum:g}")
+    return value
+
+
 class MalformedCallback(ValueError):
     """``parse_callback`` was given a body or query it cannot read. The route
     answers 400 and writes nothing."""
