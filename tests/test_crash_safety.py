@@ -387,3 +387,26 @@ def test_another_replicas_reaper_never_reaps_a_live_long_lease(db, db_url, pool,
     assert db.execute("SELECT failures FROM jobs WHERE dedupe_key = %s", (poll_key,)).fetchone() == (0,)
     _stop_cleanly(patient)
     assert patient.find("gauge", final=True)[0]["lost"] == 0
+
+
+def test_a_live_worker_renews_its_leases_so_a_slow_handler_on_a_short_lease_is_never_reaped(
+        db, db_url, pool, sandbox, merchant, spawn):
+    # Found by review: a worker run with --lease-seconds 2 against 4 s rail
+    # reads had its own live claims reaped five times in a row and parked.
+    sandbox.script(SUCCESS, outcome="PENDING", status_delay_seconds=4)
+    created = _create(pool, sandbox, merchant, SUCCESS)
+    poll_key = f"poll:{created['charge']['id']}"
+    short = spawn("vpay-worker", "--idle-sleep", "0.1", "--lease-seconds", "2", "--worker-id", "short",
+                  env=base_env(db_url, **rail_env(sandbox)))
+    short.wait_for_log("worker started")
+    with TimeMachine(db_url):
+        wait_until(lambda: _job(db, poll_key)["attempts"] >= 3, timeout=90, what="three slow polls")
+        wait_until(lambda: not _job(db, poll_key)["leased"], timeout=30, what="the third poll to end")
+    assert short.find("lease reaped") == []
+    assert not _job(db, poll_key)["parked"]
+    assert db.execute("SELECT failures FROM jobs WHERE dedupe_key = %s", (poll_key,)).fetchone() == (0,)
+    # one read at a time: the job was never handed to a second claim loop
+    assert sandbox.count(method="GET", reference=created["charge"]["rail_reference"]) == \
+        _job(db, poll_key)["attempts"]
+    _stop_cleanly(short)
+    assert short.find("gauge", final=True)[0]["lost"] == 0

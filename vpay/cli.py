@@ -104,10 +104,6 @@ def worker(worker_concurrency: int, shutdown_grace_seconds: float, lease_seconds
         _refuse(str(exc))
     if not rails:
         log.warning("no rail is configured (VPAY_MTN_*, VPAY_ORANGE_*): payment jobs will wait")
-    if lease_seconds < 60:
-        log.warning("--lease-seconds is below 60: a rail read or a webhook POST can take longer, "
-                    "and a handler that outruns its lease has its outcome discarded (tests only)",
-                    extra={"lease_seconds": lease_seconds})
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     from psycopg_pool import PoolTimeout
     try:

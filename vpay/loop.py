@@ -9,9 +9,11 @@ the drain". The shape:
   other exception is retried with backoff and parked after
   ``queue.MAX_FAILURES`` in a row. A fenced write that matches nothing is
   counted as **lost** and changes nothing.
-* Expired leases are reaped at boot (before claiming: the dead worker may
-  have held ``sweep:expired``), and every ``lease / 2`` on this module's own
-  timer thread, so a dead queue cannot stop the reaper.
+* A ``heartbeat`` thread renews the leases this worker holds every
+  ``lease / 3``, so a lease runs out only when its worker is dead. Expired
+  leases are reaped at boot (before claiming: the dead worker may have held
+  ``sweep:expired``), and every ``lease / 2`` on this module's own timer
+  thread, so a dead queue cannot stop the reaper.
 * A signal stops claiming; in-flight jobs get ``shutdown_grace`` seconds from
   the signal. All done → ``Drain.CLEAN``. Otherwise the leases still held are
   released (due at once for another worker) → ``Drain.TIMED_OUT``. A claim
@@ -229,6 +231,22 @@ class Worker:
         self.gauge.add(reaped=len(rows))
         return len(rows)
 
+    def _heartbeat_thread(self) -> None:
+        # A live worker renews what it holds, so a lease runs out only when
+        # its worker is dead (or too wedged to run this thread).
+        interval = max(self.config.lease / 3.0, 0.3)
+        while not self._halt.wait(interval):
+            with self._inflight_lock:
+                tokens = list(self._inflight)
+            if not tokens:
+                continue
+            try:
+                with self.pool.connection() as conn:
+                    queue.renew(conn, self.config.worker_id, tokens, self.config.lease)
+            except psycopg.Error as exc:
+                log.warning("could not renew leases", extra={"worker_id": self.config.worker_id,
+                                                             "error": str(exc)[:300]})
+
     def _reaper_thread(self) -> None:
         interval = max(self.config.lease / 2.0, 0.5)
         while not self._halt.wait(interval):
@@ -279,7 +297,8 @@ class Worker:
         # and no job is handled before the service manager hears it.
         self.notifier.ready(status=f"claiming with {cfg.concurrency} loops")
         self._beats[:] = [time.monotonic()] * cfg.concurrency
-        helpers = [threading.Thread(target=self._reaper_thread, name="reaper", daemon=True),
+        helpers = [threading.Thread(target=self._heartbeat_thread, name="heartbeat", daemon=True),
+                   threading.Thread(target=self._reaper_thread, name="reaper", daemon=True),
                    threading.Thread(target=self._gauge_thread, name="gauge", daemon=True)]
         wd = watchdog_interval()
         if wd and self.notifier.enabled:

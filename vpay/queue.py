@@ -100,6 +100,17 @@ def park(conn: psycopg.Connection, job: Job, reason: str) -> bool:
     return conn.execute(Q["park"], _fenced(job) | {"reason": reason[:2000]}).fetchone() is not None
 
 
+def renew(conn: psycopg.Connection, worker: str, tokens: Iterable[uuid.UUID], lease: float) -> int:
+    """Extend ``worker``'s leases under ``tokens`` to ``now() + lease``
+    seconds (the heartbeat of a live worker). Answers how many were renewed;
+    a lease already reaped or released is not revived."""
+    tokens = list(tokens)
+    if not tokens:
+        return 0
+    return len(conn.execute(Q["renew"], {"worker": worker, "tokens": tokens,
+                                         "lease": float(lease)}).fetchall())
+
+
 def release(conn: psycopg.Connection, worker: str, tokens: Iterable[uuid.UUID]) -> int:
     """Hand back the leases ``worker`` still holds under ``tokens`` (the
     timed-out drain). The jobs keep their ``run_at`` and are claimable at

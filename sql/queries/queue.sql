@@ -70,6 +70,14 @@ WITH parked AS (
 )
 SELECT id FROM parked;
 
+-- name: renew
+-- A live worker keeps the leases it holds (every lease / 3): only a dead
+-- worker's leases run out, however long a handler takes.
+UPDATE jobs
+   SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE locked_by = %(worker)s AND lease_token = ANY(%(tokens)s)
+RETURNING id;
+
 -- name: release
 -- Drain timed out: hand back the leases this process still holds, due now,
 -- so another worker claims them at once instead of after the lease.
