@@ -1311,10 +1311,13 @@ class SandboxRail:
                 return _Resp(200, self.scripts())
             if parts == ["refunds"] and method == "GET":
                 return _Resp(200, self.refunds())
-            if len(parts) == 2 and parts[0] == "refunds":
-                ref = parts[1]
+            # /_sandbox/transactions/{ref} and /_sandbox/refunds/{ref}: read, force, forget
+            records = {"transactions": (self.transaction, self.set_status, self.forget),
+                       "refunds": (self.refund, self.set_refund_status, self.forget_refund)}
+            if len(parts) == 2 and parts[0] in records:
+                ref, (read, force, forget) = parts[1], records[parts[0]]
                 if method == "GET":
-                    state = self.refund(ref)
+                    state = read(ref)
                     return _Resp(200, state) if state else _error(404, "RESOURCE_NOT_FOUND")
                 if method == "PUT":
                     opts = _json_object(raw)
@@ -1322,11 +1325,11 @@ class SandboxRail:
                     if extra:
                         raise ValueError(f"unknown field(s): {', '.join(sorted(extra))}")
                     try:
-                        return _Resp(200, self.set_refund_status(ref, opts.get("status"), opts.get("reason")))
+                        return _Resp(200, force(ref, opts.get("status"), opts.get("reason")))
                     except KeyError:
                         return _error(404, "RESOURCE_NOT_FOUND")
                 if method == "DELETE":
-                    return _Resp(204) if self.forget_refund(ref) else _error(404, "RESOURCE_NOT_FOUND")
+                    return _Resp(204) if forget(ref) else _error(404, "RESOURCE_NOT_FOUND")
             if len(parts) == 2 and parts[0] == "payers":
                 if method == "PUT":
                     opts = _json_object(raw, allow_empty=True)
@@ -1334,22 +1337,6 @@ class SandboxRail:
                 if method == "DELETE":
                     self._set_script(parts[1], {})
                     return _Resp(204)
-            if len(parts) == 2 and parts[0] == "transactions":
-                ref = parts[1]
-                if method == "GET":
-                    state = self.transaction(ref)
-                    return _Resp(200, state) if state else _error(404, "RESOURCE_NOT_FOUND")
-                if method == "PUT":
-                    opts = _json_object(raw)
-                    extra = set(opts) - {"status", "reason"}
-                    if extra:
-                        raise ValueError(f"unknown field(s): {', '.join(sorted(extra))}")
-                    try:
-                        return _Resp(200, self.set_status(ref, opts.get("status"), opts.get("reason")))
-                    except KeyError:
-                        return _error(404, "RESOURCE_NOT_FOUND")
-                if method == "DELETE":
-                    return _Resp(204) if self.forget(ref) else _error(404, "RESOURCE_NOT_FOUND")
         except ValueError as exc:
             return _error(400, "BAD_REQUEST", str(exc))
         return _error(404, "RESOURCE_NOT_FOUND", f"No sandbox control endpoint {method} {path}")
