@@ -141,14 +141,12 @@ import binascii
 import hashlib
 import heapq
 import hmac
-import ipaddress
 import itertools
 import json
 import logging
 import re
 import secrets
 import socket
-import sys
 import threading
 import time
 import urllib.error
@@ -156,7 +154,7 @@ import urllib.parse
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Iterable, Mapping
 
 __all__ = [
@@ -168,6 +166,8 @@ __all__ = [
     "DEFAULT_API_KEY",
     "main",
 ]
+
+from .sandbox_http import SandboxServer, is_loopback_host  # noqa: E402
 
 log = logging.getLogger("vpay.rails.sandbox")
 
@@ -234,7 +234,6 @@ _MAX_BODY = 1 << 20
 _MAX_MESSAGE = 160
 _MAX_DELAY = 600.0
 _CALLBACK_TIMEOUT = 5.0
-_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 _SCRIPT_KEYS = frozenset({
     "pending_reads", "outcome", "reason", "status_errors", "rtp_errors",
@@ -419,34 +418,8 @@ def _parse_script(opts: Mapping[str, Any]) -> _Script:
     return s
 
 
-def _is_loopback_host(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-# --------------------------------------------------------------------------- HTTP plumbing
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # Do not join handler threads on close: a handler sleeping for a scripted
-    # delay, or a client holding a keep-alive connection, must not block stop().
-    block_on_close = False
-    allow_reuse_address = True
-
+class _Server(SandboxServer):
     rail: "SandboxRail"
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError, socket.timeout)):
-            log.debug("sandbox: client %s went away: %s", client_address, exc)
-        else:
-            log.exception("sandbox: unexpected error serving %s", client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -1154,7 +1127,7 @@ class SandboxRail:
             return _error(400, "BAD_REQUEST", "X-Callback-Url must be an http(s) URL")
         allowed = self.callback_hosts
         if allowed is None:
-            ok = _is_loopback_host(host)
+            ok = is_loopback_host(host)
         else:
             ok = "*" in allowed or host.lower() in allowed
         if not ok:

@@ -78,13 +78,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import ipaddress
 import json
 import logging
 import re
 import secrets
 import socket
-import sys
 import threading
 import time
 import urllib.error
@@ -92,11 +90,13 @@ import urllib.parse
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Mapping
 
 __all__ = ["OrangeSandbox", "DEFAULT_CLIENT_ID", "DEFAULT_CLIENT_SECRET", "DEFAULT_MERCHANT_KEY",
            "STATUSES", "main"]
+
+from .sandbox_http import SandboxServer, is_loopback_host  # noqa: E402
 
 log = logging.getLogger("vpay.rails.sandbox_orange")
 
@@ -225,28 +225,8 @@ def _error(status: int, message: str, description: str = "") -> _Resp:
     return _Resp(status, {"code": status, "message": message, "description": description or message})
 
 
-def _is_loopback(host: str | None) -> bool:
-    host = (host or "").strip("[]").lower()
-    if host in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
+class _Server(SandboxServer):
     sandbox: "OrangeSandbox"
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError, socket.timeout)):
-            log.debug("orange sandbox: client %s went away: %s", client_address, exc)
-        else:
-            log.exception("orange sandbox: unexpected error serving %s", client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -684,7 +664,7 @@ def _init_problem(body: Mapping[str, Any]) -> str | None:
     for name in ("return_url", "cancel_url", "notif_url"):
         if urllib.parse.urlsplit(body[name]).scheme not in ("http", "https"):
             return f"{name} must be an http(s) URL"
-    if not _is_loopback(urllib.parse.urlsplit(body["notif_url"]).hostname):
+    if not is_loopback_host(urllib.parse.urlsplit(body["notif_url"]).hostname):
         return "notif_url must be a loopback URL in this sandbox"
     return None
 
