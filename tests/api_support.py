@@ -18,7 +18,7 @@ import requests
 
 from support import Proc, base_env, script, wait_until
 from vpay import merchants, money
-from vpay.rails.sandbox import DEFAULT_API_KEY, DEFAULT_API_USER, DEFAULT_SUBSCRIPTION_KEY, SandboxRail
+from vpay.sandbox.mtn import DEFAULT_API_KEY, DEFAULT_API_USER, DEFAULT_SUBSCRIPTION_KEY, SandboxRail
 
 MERCHANT = "shop-1"
 OTHER = "shop-2"

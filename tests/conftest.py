@@ -108,7 +108,7 @@ def spawn(tmp_path):
 @pytest.fixture
 def sandbox():
     """A MoMo-shaped rail: a real HTTP server on 127.0.0.1 in this process."""
-    from vpay.rails.sandbox import SandboxRail
+    from vpay.sandbox.mtn import SandboxRail
     with SandboxRail(success_after_seconds=0.2) as rail:
         yield rail
 

@@ -22,7 +22,7 @@ from vpay import money
 from vpay.api.app import create_app
 from vpay.api.openapi import DOCUMENT
 from vpay.rails.port import StatusKind
-from vpay.rails.sandbox import SandboxRail
+from vpay.sandbox.mtn import SandboxRail
 
 FUZZ = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

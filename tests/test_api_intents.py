@@ -21,7 +21,7 @@ from vpay.api.intents import parse_new_payment
 from vpay.queries import Q
 from vpay.rails import build_rail
 from vpay.rails.port import RailError
-from vpay.rails.sandbox import SandboxRail
+from vpay.sandbox.mtn import SandboxRail
 
 BODY = {"amount": 1500, "currency": "EUR", "payment_method": {"type": "mtn_momo", "msisdn": "256770000001"}}
 

@@ -1,6 +1,6 @@
 """Orange Money Web Payment end to end: the installed vpay-worker, a real
 `vpay-server api` (gunicorn) configured for Orange only, the Orange sandbox
-(vpay/rails/sandbox_orange.py, a real HTTP server in this process) and a real
+(vpay/sandbox/orange.py, a real HTTP server in this process) and a real
 Postgres.
 
 Design page, "Callbacks are hints" and "What the worker does not do" (the
@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from api_support import free_port, new_key, snapshot
 from support import Proc, TimeMachine, base_env, script, wait_until
 from vpay.rails.orange import order_id_for
-from vpay.rails.sandbox_orange import OrangeSandbox
+from vpay.sandbox.orange import OrangeSandbox
 
 pytestmark = pytest.mark.slow
 

@@ -26,6 +26,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from support import ConnCounter, base_env, script, wait_until
 from vpay import handlers, merchants, money, queue, webhooks
+from vpay.webhooks import policy as _policy  # noqa: F401 (monkeypatched)
+from vpay.db import ConfigError
 from vpay.ids import new_id, new_rail_reference
 from vpay.loop import Worker, WorkerConfig
 from vpay.rails.port import StatusKind
@@ -351,7 +353,7 @@ def dev_flag(monkeypatch):
 
 
 def _resolver(monkeypatch, *answers: str) -> None:
-    monkeypatch.setattr(webhooks, "resolve_host", lambda host, port: list(answers))
+    monkeypatch.setattr(_policy, "resolve_host", lambda host, port: list(answers))
 
 
 @pytest.mark.parametrize("url, why", [
@@ -750,7 +752,7 @@ def test_timeouts_come_from_the_environment():
     assert webhooks.timeouts({}) == (5.0, 15.0)
     assert webhooks.timeouts({"VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS": "2",
                               "VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "0.5"}) == (2.0, 0.5)
-    with pytest.raises(webhooks.ConfigError):
+    with pytest.raises(ConfigError):
         webhooks.timeouts({"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "fast"})
-    with pytest.raises(webhooks.ConfigError):
+    with pytest.raises(ConfigError):
         webhooks.timeouts({"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "0"})

@@ -169,13 +169,13 @@ def run(*, deadline_seconds: float, out=sys.stdout) -> int:
     from .merchants import create_merchant
     from .payments import create_and_submit
     from .rails.mtn import MtnMomo
-    from .rails.sandbox import SandboxRail
+    from .sandbox.mtn import SandboxRail
 
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
 
     # The live view is the demo's output; per-request rail lines would drown it.
-    logging.getLogger("vpay.rails.sandbox").setLevel(logging.WARNING)
+    logging.getLogger("vpay.sandbox.mtn").setLevel(logging.WARNING)
     started = time.monotonic()
     server = database_url()
     url = _database(server)

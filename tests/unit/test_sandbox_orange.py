@@ -1,4 +1,4 @@
-"""The Orange Money Web Payment sandbox (vpay/rails/sandbox_orange.py) over
+"""The Orange Money Web Payment sandbox (vpay/sandbox/orange.py) over
 real HTTP on 127.0.0.1: it must refuse what Orange refuses, so that the e2e
 tests built on it mean something. No database."""
 
@@ -15,7 +15,7 @@ import requests
 from support import wait_until
 from vpay.rails.orange import OrangeMoney, order_id_for
 from vpay.rails.port import ChargeRequest, StatusKind, SubmitKind
-from vpay.rails.sandbox_orange import OrangeSandbox
+from vpay.sandbox.orange import OrangeSandbox
 
 
 class Receiver:

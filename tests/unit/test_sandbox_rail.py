@@ -1,4 +1,4 @@
-"""The local MoMo Collection double (vpay/rails/sandbox.py), driven over real
+"""The local MoMo Collection double (vpay/sandbox/mtn.py), driven over real
 HTTP with plain ``requests``, the way a MoMo client would. No database."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run from a checkout without an installed vpay
     sys.path.insert(0, str(ROOT))
 
-from vpay.rails.sandbox import (  # noqa: E402
+from vpay.sandbox.mtn import (  # noqa: E402
     DEFAULT_API_KEY,
     DEFAULT_API_USER,
     SANDBOX_FAILURES,

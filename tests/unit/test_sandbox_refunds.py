@@ -1,4 +1,4 @@
-"""The sandbox rail's Disbursement refunds (vpay/rails/sandbox.py), driven over
+"""The sandbox rail's Disbursement refunds (vpay/sandbox/mtn.py), driven over
 real HTTP with plain ``requests``, the way a MoMo client would. No database."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import uuid
 import pytest
 import requests
 
-from vpay.rails.sandbox import (
+from vpay.sandbox.mtn import (
     DEFAULT_API_KEY,
     DEFAULT_API_USER,
     REFUND_TARGET_NOT_FOUND,

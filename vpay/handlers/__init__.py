@@ -8,93 +8,11 @@ queue").
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
-from dataclasses import dataclass, field
-from typing import Callable
 
-from psycopg_pool import ConnectionPool
+from .registry import HOURLY, REGISTRY, SCHEDULED, Context, Handler, ensure_scheduled, handle, register
 
-from ..outcome import DeadLetter, Outcome, RetryAfter
-from ..queue import Job
-from ..rails.port import Rail, RailError
-from ..settings import Settings
-
-log = logging.getLogger("vpay.handlers")
-
-
-@dataclass
-class Context:
-    """What handlers may use: the pool (autocommit connections), the rails by
-    code (built on first use, shared by threads), the settings and this
-    worker's id."""
-
-    pool: ConnectionPool
-    worker_id: str
-    settings: Settings = field(default_factory=Settings)
-    lease_seconds: float = 300.0
-    rail_factory: Callable[[str], Rail] | None = None
-    _rails: dict[str, Rail] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def rail(self, code: str) -> Rail:
-        """The adapter for ``code``; raises ``RailError`` when it is not configured."""
-        with self._lock:
-            if code not in self._rails:
-                factory = self.rail_factory
-                if factory is None:
-                    from ..rails import build_rail
-                    factory = build_rail
-                self._rails[code] = factory(code)
-            return self._rails[code]
-
-
-Handler = Callable[[Job, Context], Outcome]
-REGISTRY: dict[str, Handler] = {}
-
-
-def register(kind: str) -> Callable[[Handler], Handler]:
-    def wrap(fn: Handler) -> Handler:
-        REGISTRY[kind] = fn
-        return fn
-    return wrap
-
-
-RAIL_UNCONFIGURED_RETRY = 300.0
-"""Seconds before a job whose rail is not configured in this worker runs
-again. A missing ``VPAY_<RAIL>_*`` setting is the operator's to fix; the
-payment must not be dead-lettered for it."""
-
-
-def handle(job: Job, ctx: Context) -> Outcome:
-    """Run the handler for ``job.kind``. An unknown kind is dead-lettered:
-    no retry could make it known. A rail this worker cannot build
-    (``RailError``: unknown or unconfigured) is logged at error and retried
-    every ``RAIL_UNCONFIGURED_RETRY`` seconds, never parked."""
-    fn = REGISTRY.get(job.kind)
-    if fn is None:
-        return DeadLetter(f"no handler for job kind {job.kind!r}")
-    try:
-        return fn(job, ctx)
-    except RailError as exc:
-        log.error("rail not configured in this worker", extra={
-            "worker_id": ctx.worker_id, "job_id": job.id, "kind": job.kind,
-            "dedupe_key": job.dedupe_key, "error": str(exc)})
-        return RetryAfter(RAIL_UNCONFIGURED_RETRY, f"rail not configured: {exc}")
-
-
-HOURLY = 3600.0
-SCHEDULED = {"scan:live": "scan", "sweep:expired": "sweep"}
-"""The hourly jobs that exist from worker boot and reschedule themselves."""
-
-
-def ensure_scheduled(conn) -> None:
-    """Enqueue ``scan:live`` and ``sweep:expired`` unless they exist
-    (``ON CONFLICT DO NOTHING``): every worker calls this at boot."""
-    from ..queue import enqueue
-    for key, kind in SCHEDULED.items():
-        enqueue(conn, kind, key, {}, delay=0)
+__all__ = ["HOURLY", "REGISTRY", "SCHEDULED", "Context", "Handler", "ensure_scheduled", "handle", "register"]
 
 
 def _load() -> None:

@@ -25,7 +25,7 @@ import logging
 from .. import money, queue, testhooks
 from ..outcome import DeadLetter, Done, RetryAfter
 from ..rails.port import StatusKind
-from . import register
+from .registry import register
 
 log = logging.getLogger("vpay.handlers.poll")
 

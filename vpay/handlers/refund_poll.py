@@ -23,7 +23,7 @@ import logging
 from .. import refunds, testhooks
 from ..outcome import DeadLetter, Done, RetryAfter
 from ..rails.port import StatusKind, SubmitKind
-from . import register
+from .registry import register
 from .poll import UNRESOLVED_EVERY, poll_delay
 
 log = logging.getLogger("vpay.handlers.refund_poll")

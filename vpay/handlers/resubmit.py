@@ -15,7 +15,7 @@ from .. import money
 from ..outcome import Done, RetryAfter
 from ..payments import resubmit_delay, submit
 from ..rails.port import StatusKind, SubmitKind
-from . import register
+from .registry import register
 
 NOT_SUBMITTED = "not_submitted"
 

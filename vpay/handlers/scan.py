@@ -9,7 +9,7 @@ import logging
 
 from ..outcome import RetryAfter
 from ..queries import Q
-from . import HOURLY, register
+from .registry import HOURLY, register
 
 log = logging.getLogger("vpay.handlers.scan")
 

@@ -12,7 +12,7 @@ import logging
 from .. import money, queue
 from ..outcome import RetryAfter
 from ..queries import Q
-from . import HOURLY, register
+from .registry import HOURLY, register
 
 log = logging.getLogger("vpay.handlers.sweep")
 

@@ -16,7 +16,7 @@ import os
 import time
 
 from ..outcome import Done, RetryAfter
-from . import register
+from .registry import register
 
 
 @register("test.count")

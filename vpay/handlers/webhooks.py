@@ -29,7 +29,7 @@ from psycopg.rows import dict_row
 from .. import webhooks
 from ..outcome import DeadLetter, Done, RetryAfter
 from ..queries import Q
-from . import register
+from .registry import register
 
 log = logging.getLogger("vpay.webhooks")
 

@@ -70,7 +70,7 @@ Inspection: ``payments()``, ``payment(order_or_ref)`` (including
 ``count(method=None, path_suffix=None, order_id=None)``, ``notifications()``.
 ``reset()`` forgets payments, scripts and logs (tokens stay valid).
 
-Command line: ``python -m vpay.rails.sandbox_orange --port 8091``.
+Command line: ``python -m vpay.sandbox.orange --port 8091``.
 """
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ from typing import Any, Mapping
 __all__ = ["OrangeSandbox", "DEFAULT_CLIENT_ID", "DEFAULT_CLIENT_SECRET", "DEFAULT_MERCHANT_KEY",
            "STATUSES", "main"]
 
-from .sandbox_http import SandboxServer, is_loopback_host  # noqa: E402
+from .server import SandboxServer, is_loopback_host  # noqa: E402
 
-log = logging.getLogger("vpay.rails.sandbox_orange")
+log = logging.getLogger("vpay.sandbox.orange")
 
 DEFAULT_CLIENT_ID = "orange-sandbox-client"
 DEFAULT_CLIENT_SECRET = "orange-sandbox-secret"
@@ -670,7 +670,7 @@ def _init_problem(body: Mapping[str, Any]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m vpay.rails.sandbox_orange [--port N]``: serve until Ctrl-C."""
+    """``python -m vpay.sandbox.orange [--port N]``: serve until Ctrl-C."""
     import argparse
 
     p = argparse.ArgumentParser(description="Local Orange Money Web Payment sandbox (test/demo double).")

@@ -17,20 +17,11 @@ import sys
 
 import click
 
-EX_CONFIG = 78
-
-
-def _refuse(message: str) -> None:
-    click.echo(f"vpay: configuration refused: {message}", err=True)
-    sys.exit(EX_CONFIG)
+from .common import open_db, refuse
 
 
 def _url() -> str:
-    from .db import ConfigError, database_url
-    try:
-        return database_url()
-    except ConfigError as exc:
-        _refuse(str(exc))
+    return open_db()[0]
 
 
 @click.group()
@@ -45,10 +36,10 @@ def refunds() -> None:
 @click.option("--reason", default=None, help="Why, kept on the refund (at most 160 characters).")
 def create(charge_id: str, amount: int | None, reason: str | None) -> None:
     """Refund a succeeded charge; print {refund}. The worker settles it."""
-    from .db import make_pool
-    from .rails import build_rail
-    from .rails.port import RailError
-    from .refunds import InvalidRefund, create_and_submit
+    from ..db import make_pool
+    from ..rails import build_rail
+    from ..rails.port import RailError
+    from ..refunds import InvalidRefund, create_and_submit
     pool = make_pool(_url(), max_size=2)
     try:
         result = create_and_submit(pool, build_rail, charge_id=charge_id, amount=amount, reason=reason)
@@ -58,7 +49,7 @@ def create(charge_id: str, amount: int | None, reason: str | None) -> None:
             sys.exit(1)
         raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
     except RailError as exc:
-        _refuse(str(exc))
+        refuse(str(exc))
     finally:
         pool.close()
     click.echo(json.dumps(result, indent=2))
@@ -68,8 +59,8 @@ def create(charge_id: str, amount: int | None, reason: str | None) -> None:
 @click.argument("refund_id")
 def show(refund_id: str) -> None:
     """A refund (re_...) with its charge and events, as JSON."""
-    from .db import connect
-    from .refunds import show as find
+    from ..db import connect
+    from ..refunds import show as find
     with connect(_url()) as conn:
         found = find(conn, refund_id)
     if found is None:

@@ -11,7 +11,7 @@ import sys
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-log = logging.getLogger("vpay.rails.sandbox")
+log = logging.getLogger("vpay.sandbox.server")
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 

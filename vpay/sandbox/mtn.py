@@ -130,7 +130,7 @@ allowed (``callback_hosts``). A scripted transaction (``pending_reads`` or
 ``outcome``) only becomes terminal at a status read, so its callback follows
 that read.
 
-Command line (demo): ``python -m vpay.rails.sandbox --port 8089`` serves until
+Command line (demo): ``python -m vpay.sandbox.mtn --port 8089`` serves until
 Ctrl-C or SIGTERM; see ``--help``.
 """
 
@@ -167,9 +167,9 @@ __all__ = [
     "main",
 ]
 
-from .sandbox_http import SandboxServer, is_loopback_host  # noqa: E402
+from .server import SandboxServer, is_loopback_host  # noqa: E402
 
-log = logging.getLogger("vpay.rails.sandbox")
+log = logging.getLogger("vpay.sandbox.mtn")
 
 DEFAULT_SUBSCRIPTION_KEY = "sandbox-key"
 DEFAULT_API_USER = "7c1e3f0a-5b2d-4e8a-9c6f-0d1b2a3c4e5f"
@@ -1389,7 +1389,7 @@ def _parse_refund_body(raw: bytes) -> dict[str, Any] | _Resp:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m vpay.rails.sandbox [--port N]``: run a sandbox until Ctrl-C / SIGTERM."""
+    """``python -m vpay.sandbox.mtn [--port N]``: run a sandbox until Ctrl-C / SIGTERM."""
     import argparse
     import signal
 

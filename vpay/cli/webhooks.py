@@ -17,23 +17,18 @@ from datetime import datetime
 
 import click
 
-EX_CONFIG = 78
+from .common import open_db
 
 
 def _wh():
     # Imported when a command runs, not when vpay-server starts.
-    from . import webhooks
+    from .. import webhooks
     return webhooks
 
 
 def _connect():
-    from .db import ConfigError, connect, database_url
-    try:
-        url = database_url()
-    except ConfigError as exc:
-        click.echo(f"vpay: configuration refused: {exc}", err=True)
-        sys.exit(EX_CONFIG)
-    return connect(url)
+    from ..db import connect
+    return connect(open_db()[0])
 
 
 def _echo(doc) -> None:

@@ -1,0 +1,68 @@
+"""``vpay-server api``: the HTTP API (rail callbacks, payment intents) under gunicorn, in process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from .common import open_db, refuse
+
+log = logging.getLogger("vpay.cli")
+
+
+@click.command()
+@click.option("--bind", default="127.0.0.1:8080", show_default=True,
+              help="HOST:PORT to listen on (loopback: a reverse proxy terminates TLS).")
+@click.option("--workers", type=int, default=2, show_default=True, help="gunicorn worker processes.")
+@click.option("--threads", type=int, default=4, show_default=True,
+              help="Threads per worker (at most the per-worker pool size, 4).")
+@click.option("--timeout", type=int, default=60, show_default=True,
+              help="gunicorn worker timeout, seconds.")
+def api(bind: str, workers: int, threads: int, timeout: int) -> None:
+    """The HTTP API: rail callbacks and the merchant's payment intents (gunicorn, in process).
+
+    Refuses to start (exit 78) on a configuration that cannot work: no rail of
+    vpay.rails.KNOWN_RAILS configured (VPAY_MTN_*, VPAY_ORANGE_*), bad
+    settings, or --threads above the pool size. Each rail that is not
+    configured is logged at warning; its callbacks answer 404 and its payments
+    503. The database is not contacted at start: /healthz answers 503 until it
+    is reachable."""
+    from .. import logs
+    from ..rails import KNOWN_RAILS, build_rail
+    from ..rails.port import RailError
+    from ..settings import ConfigError, Settings
+    from ..api.app import POOL_MAX, create_app
+    from ..api.server import ApiServer
+
+    logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
+    if not 1 <= threads <= POOL_MAX or workers < 1 or timeout < 1:
+        refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers and --timeout >= 1")
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        refuse(str(exc))
+    configured, unconfigured = [], []
+    for code in KNOWN_RAILS:
+        try:
+            build_rail(code)
+            configured.append(code)
+        except RailError as exc:
+            unconfigured.append(str(exc))
+            log.warning("rail not configured: its callbacks answer 404 and its payments 503",
+                        extra={"rail": code, "error": str(exc)})
+    if not configured:
+        refuse("no rail is configured: " + "; ".join(unconfigured))
+    if "mtn" in configured and not os.environ.get("VPAY_MTN_CALLBACK_URL"):
+        log.warning("VPAY_MTN_CALLBACK_URL is not set: MoMo will send no callbacks "
+                    "(payments still settle through the worker's polls)")
+    url, _ = open_db()  # a URL only: each worker makes its own pool after the fork
+
+    def app_factory():
+        return create_app(url, build_rail, settings)
+
+    ApiServer(app_factory, {"bind": [bind], "workers": workers, "threads": threads,
+                            "timeout": timeout,
+                            "loglevel": logging.getLevelName(logging.getLogger().level).lower()}).run()

@@ -1,0 +1,23 @@
+"""``vpay-server migrate``: apply pending sql/ migrations."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import click
+
+from .common import open_db
+
+log = logging.getLogger("vpay.cli")
+
+
+@click.command()
+def migrate() -> None:
+    """Apply pending sql/ migrations (idempotent; safe to run concurrently)."""
+    from ..db import connect, migrate as run
+    url, _ = open_db()
+    with connect(url) as conn:
+        applied = run(conn)
+    log.info("migrated", extra={"applied": applied})
+    click.echo(json.dumps({"applied": applied}))

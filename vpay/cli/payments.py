@@ -1,0 +1,65 @@
+"""``vpay-server payments create|show``: start and inspect one payment (JSON out)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .common import open_db, refuse
+
+
+@click.group()
+def payments() -> None:
+    """Start and inspect payments from a shell (JSON out)."""
+
+
+@payments.command("create")
+@click.option("--merchant", required=True, help="Merchant id.")
+@click.option("--amount", required=True, type=int, help="Amount in minor units (e.g. 1050 = 10.50 EUR).")
+@click.option("--currency", required=True, help="ISO 4217 code, e.g. EUR, XAF, UGX.")
+@click.option("--rail", default="mtn", show_default=True, help="Rail code.")
+@click.option("--payer", required=True, help="Payer MSISDN, international form, digits only.")
+@click.option("--description", default=None, help="Shown to the payer (at most 160 characters).")
+def payments_create(merchant, amount, currency, rail, payer, description) -> None:
+    """Create and confirm a payment as the API would; print {payment_intent, charge}."""
+    from ..db import make_pool
+    from ..money import InvalidPayment
+    from ..payments import create_and_submit
+    from ..rails import build_rail
+    from ..rails.port import RailError
+    from ..settings import ConfigError, Settings
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        refuse(str(exc))
+    url, _ = open_db()
+    pool = make_pool(url, max_size=2)
+    try:
+        result = create_and_submit(pool, build_rail, merchant_id=merchant, amount=amount,
+                                   currency=currency, rail=rail, payer=payer,
+                                   description=description,
+                                   prompt_ttl_seconds=settings.prompt_ttl_seconds)
+    except InvalidPayment as exc:
+        raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
+    except RailError as exc:
+        refuse(str(exc))
+    finally:
+        pool.close()
+    click.echo(json.dumps(result, indent=2))
+
+
+@payments.command("show")
+@click.argument("some_id")
+def payments_show(some_id: str) -> None:
+    """An intent (pi_...) or a charge (ch_...) with its events, as JSON."""
+    from ..db import connect
+    from ..money import show
+    url, _ = open_db()
+    with connect(url) as conn:
+        found = show(conn, some_id)
+    if found is None:
+        click.echo(f"vpay: no payment intent or charge {some_id!r}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(found, indent=2))

@@ -1,0 +1,44 @@
+"""``vpay-server sandbox-rail``: the MoMo-shaped sandbox rail on its own (demos, local development)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import click
+
+log = logging.getLogger("vpay.cli")
+
+
+@click.command("sandbox-rail")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8090, show_default=True, type=int)
+@click.option("--success-after-seconds", default=3.0, show_default=True, type=float,
+              help="Payers outside MTN's failure numbers succeed this long after the request-to-pay.")
+def sandbox_rail(host: str, port: int, success_after_seconds: float) -> None:
+    """A local HTTP server speaking the MTN MoMo Collection API (demos and tests).
+
+    Credentials it accepts are those of VPAY_MTN_SUBSCRIPTION_KEY, VPAY_MTN_API_USER,
+    VPAY_MTN_API_KEY (defaults: the sandbox's own)."""
+    import signal as _signal
+    from ..sandbox.mtn import SandboxRail
+    kwargs = {k: v for k, v in {
+        "subscription_key": os.environ.get("VPAY_MTN_SUBSCRIPTION_KEY"),
+        "api_user": os.environ.get("VPAY_MTN_API_USER"),
+        "api_key": os.environ.get("VPAY_MTN_API_KEY"),
+    }.items() if v}
+    rail = SandboxRail(host, port, success_after_seconds=success_after_seconds, **kwargs)
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    _signal.signal(_signal.SIGTERM, _stop)
+    log.info("sandbox rail listening", extra={"url": rail.url})
+    click.echo(json.dumps({"url": rail.url}), err=True)
+    try:
+        rail.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        rail.stop()

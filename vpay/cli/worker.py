@@ -1,0 +1,92 @@
+"""``vpay-server worker`` / ``vpay-worker``: the reconciler worker.
+
+Exit codes: 0 clean drain, 1 timed-out drain, 2 usage error, 78 configuration
+refused, 69 database unreachable at boot, 70 a claim loop crashed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+import click
+
+from .. import logs
+from .common import EX_UNAVAILABLE, open_db, refuse
+
+log = logging.getLogger("vpay.cli")
+
+
+@click.command()
+@click.option("--worker-concurrency", type=int, default=4, show_default=True,
+              help="Claim loops in this process (at most MAX_CONNECTIONS // 2 = 5).")
+@click.option("--shutdown-grace-seconds", type=float, default=30.0, show_default=True,
+              help="After SIGTERM, how long in-flight jobs may take before their leases are released.")
+@click.option("--lease-seconds", type=float, default=300.0, show_default=True,
+              help="A lease older than this is reaped (RecoveryPolicy.lease).")
+@click.option("--idle-sleep", type=float, default=1.0, show_default=True,
+              help="Seconds a claim loop sleeps when nothing is due.")
+@click.option("--worker-id", default=None, help="Lease owner name [default: <hostname>:<pid>].")
+def worker(worker_concurrency: int, shutdown_grace_seconds: float, lease_seconds: float,
+           idle_sleep: float, worker_id: str | None) -> None:
+    """The reconciler worker: claims jobs, polls rails, drains on SIGTERM.
+
+    Exit codes: 0 clean drain, 1 timed-out drain (leases released), 2 usage
+    error, 78 configuration refused, 69 database unreachable at boot, 70 a
+    claim loop crashed (a bug; "anything else is a crash", and systemd
+    restarts the worker)."""
+    logs.setup(stream=sys.stdout)
+    from ..db import MAX_CONNECTIONS
+    # Refused before any database connection: a wrong flag must not touch the fleet.
+    if not 1 <= worker_concurrency <= MAX_CONNECTIONS // 2:
+        refuse(f"--worker-concurrency {worker_concurrency} is outside 1..{MAX_CONNECTIONS // 2} "
+                f"(MAX_CONNECTIONS // 2); scale with more replicas instead")
+    import math
+    if not all(map(math.isfinite, (shutdown_grace_seconds, lease_seconds, idle_sleep))) \
+            or shutdown_grace_seconds < 0 or lease_seconds <= 0 or idle_sleep <= 0:
+        refuse("--shutdown-grace-seconds must be >= 0, --lease-seconds and --idle-sleep > 0, "
+                "all finite numbers")
+    from ..handlers import Context
+    from ..loop import Worker, WorkerConfig
+    from ..settings import ConfigError, Settings
+    from ..signals import ShutdownSignals
+
+    signals = ShutdownSignals().install()  # before the pool: a TERM during boot still drains
+    from ..rails import configured_rails
+    from ..rails.port import RailError
+    from ..webhooks import timeouts
+    try:
+        settings = Settings.from_env()
+        timeouts()
+        rails = configured_rails()
+    except (ConfigError, RailError) as exc:
+        refuse(str(exc))
+    if not rails:
+        log.warning("no rail is configured (VPAY_MTN_*, VPAY_ORANGE_*): payment jobs will wait")
+    wid = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    from psycopg_pool import PoolTimeout
+    try:
+        _, pool = open_db(pool_size=MAX_CONNECTIONS)
+    except PoolTimeout as exc:
+        # Not a drain (1) and not a refused configuration (78): systemd retries.
+        log.error("database unreachable at boot", extra={"error": str(exc)[:300]})
+        sys.exit(EX_UNAVAILABLE)
+    ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
+    config = WorkerConfig(worker_id=wid, concurrency=worker_concurrency,
+                          shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,
+                          idle_sleep=idle_sleep)
+    from ..handlers import ensure_scheduled
+    with pool.connection() as conn:
+        ensure_scheduled(conn)
+    drain = Worker(pool, ctx, config, signals).run()
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    if drain.value != 0:
+        # Threads still inside handlers must not keep the process alive; their
+        # later writes would be fenced anyway (the leases were released).
+        os._exit(drain.value)
+    pool.close()
+    sys.exit(drain.value)

@@ -1,0 +1,362 @@
+"""One HTTP delivery attempt: pinned to a checked address, bounded in time and size.
+
+* **Timeouts**: connect 5 s, read 15 s (per socket read, as ``requests``
+  means it), configurable by ``VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS`` and
+  ``VPAY_WEBHOOK_READ_TIMEOUT_SECONDS``; and a whole-attempt deadline of
+  connect + 2 x read enforced by a watchdog that shuts the socket, so a
+  receiver dribbling bytes cannot hold a claim loop longer. The response
+  body is read at most ``MAX_RESPONSE_BYTES`` (64 KiB).
+* Redirects are never followed; environment proxies and ``.netrc`` are
+  ignored (they would bypass the URL policy).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import Mapping
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import NewConnectionError
+
+from ..db import ConfigError
+
+
+from .policy import UrlRefused, check_url
+
+
+CONNECT_TIMEOUT_SECONDS = 5.0
+READ_TIMEOUT_SECONDS = 15.0
+MAX_RESPONSE_BYTES = 64 * 1024
+CONNECT_TIMEOUT_ENV = "VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS"
+READ_TIMEOUT_ENV = "VPAY_WEBHOOK_READ_TIMEOUT_SECONDS"
+
+
+def timeouts(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """``(connect, read)`` seconds from ``VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS``
+    (default 5) and ``VPAY_WEBHOOK_READ_TIMEOUT_SECONDS`` (default 15).
+    Raises ``ConfigError`` for a value that is not a positive number."""
+    env = os.environ if environ is None else environ
+
+    def one(name: str, default: float) -> float:
+        raw = env.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+        if not 0 < value <= 600:
+            raise ConfigError(f"{name} must be above 0 and at most 600 seconds, got {raw!r}")
+        return value
+
+    return one(CONNECT_TIMEOUT_ENV, CONNECT_TIMEOUT_SECONDS), one(READ_TIMEOUT_ENV, READ_TIMEOUT_SECONDS)
+
+
+def attempt_deadline(connect: float, read: float) -> float:
+    """Seconds one attempt may take in all: connect + 2 x read. ``requests``'
+    read timeout bounds each socket read, not the response; this bounds the
+    whole attempt so a slow-dripping receiver cannot hold a claim loop."""
+    return connect + 2 * read
+
+
+
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one POST did. ``status_code`` is None when no response came
+    (``error`` says why: refused by the policy, connect/read timeout,
+    connection error, TLS). ``retry_after`` is the receiver's Retry-After in
+    seconds (any status; ``decide`` honours it on 429/503 only).
+    ``permanent`` marks a policy refusal no retry can cure. ``elapsed`` is
+    seconds; ``body_excerpt`` at most 300 characters of the response."""
+
+    status_code: int | None
+    error: str | None = None
+    retry_after: float | None = None
+    permanent: bool = False
+    elapsed: float = 0.0
+    body_excerpt: str = ""
+    address: str | None = None
+
+    @property
+    def summary(self) -> str:
+        if self.status_code is not None:
+            text = f"HTTP {self.status_code}"
+            if self.retry_after is not None:
+                text += f", Retry-After {self.retry_after:g} s"
+            return text
+        return self.error or "no response"
+
+
+class _Watch:
+    """Shuts down an attempt's sockets when its deadline passes: the blocked
+    read wakes with EOF and the attempt ends as a connection error."""
+
+    def __init__(self, seconds: float):
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self.expired = False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> "_Watch":
+        _current.watch = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+        _current.watch = None
+
+    def attach(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            self._socks.append(sock)
+            expired = self.expired
+        if expired:
+            _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        # The plain socket's shutdown, also for an SSLSocket: unblocks a
+        # reader in another thread without touching the TLS object under it.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+_current = threading.local()
+
+
+class _WatchedHTTPConnection(HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        watch = getattr(_current, "watch", None)
+        if watch is not None:
+            watch.attach(self.sock)
+
+
+class _WatchedHTTPSConnection(HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()
+        watch = getattr(_current, "watch", None)
+        if watch is not None:
+            watch.attach(self.sock)
+
+
+class _WatchedHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+
+class _WatchedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+_ssl_contexts: dict[str, ssl.SSLContext] = {}
+_ssl_lock = threading.Lock()
+
+
+def _ssl_context(verify: bool | str) -> ssl.SSLContext:
+    # Our own context, never requests' shared one: urllib3 turns
+    # check_hostname off on the context it is given when it checks the
+    # hostname itself (assert_hostname), which pinning needs.
+    # Trust: requests' bundle (certifi) by default, like any requests call;
+    # a CA file when ``verify`` names one (tests).
+    key = verify if isinstance(verify, str) else requests.certs.where()
+    with _ssl_lock:
+        ctx = _ssl_contexts.get(key)
+        if ctx is None:
+            ctx = ssl.create_default_context(cafile=key)
+            ctx.check_hostname = False  # urllib3 matches assert_hostname itself
+            _ssl_contexts[key] = ctx
+        return ctx
+
+
+class _PinnedAdapter(HTTPAdapter):
+    """Sends to the URL's IP literal (the address the policy checked) while
+    TLS uses the original host for SNI and certificate verification."""
+
+    def __init__(self, server_hostname: str, verify: bool | str):
+        self._server_hostname = server_hostname
+        self._verify = verify
+        super().__init__(max_retries=0)
+
+    def init_poolmanager(self, connections, maxsize, block=False, **pool_kwargs):
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool,
+                                                   "https": _WatchedHTTPSPool}
+
+    def build_connection_pool_key_attributes(self, request, verify, cert=None):
+        host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
+        if host_params["scheme"] == "https":
+            if self._verify is False:
+                pool_kwargs = {"cert_reqs": "CERT_NONE", "assert_hostname": False,
+                               "server_hostname": self._server_hostname}
+            else:
+                pool_kwargs = {"cert_reqs": "CERT_REQUIRED",
+                               "ssl_context": _ssl_context(self._verify),
+                               "server_hostname": self._server_hostname,
+                               "assert_hostname": self._server_hostname}
+        return host_params, pool_kwargs
+
+    def cert_verify(self, conn, url, verify, cert):
+        # Trust is configured on the pool (build_connection_pool_key_attributes);
+        # requests' per-request CA loading would reload it into the shared context.
+        return None
+
+
+def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: float,
+         read_timeout: float, allow_private: bool, verify: bool | str = True) -> Attempt:
+    """POST ``body`` to ``url`` once, under the URL policy; never raises for
+    network trouble (the answer says what happened).
+
+    The host is resolved and every address checked (``check_url``); the
+    connection goes to a checked address (the next one is tried only when
+    the connection could not be made). Redirects are not followed,
+    environment proxies are not used, at most ``MAX_RESPONSE_BYTES`` of the
+    response are read, and the whole attempt is cut at
+    ``attempt_deadline(connect_timeout, read_timeout)`` seconds. ``verify``
+    is ``requests``' (True, or a CA bundle path for tests).
+    Sources: the issue (webhooks, points 1 and 3); Standard Webhooks, "SSRF".
+    """
+    started = time.monotonic()
+    try:
+        target = check_url(url, allow_private=allow_private)
+    except UrlRefused as exc:
+        return Attempt(None, error=f"refused: {exc}", permanent=exc.permanent,
+                       elapsed=time.monotonic() - started)
+    send_headers = {k.lower(): v for k, v in headers.items()}
+    send_headers.update({"host": target.host_header, "accept-encoding": "identity",
+                         "connection": "close"})
+    last: Attempt | None = None
+    deadline = attempt_deadline(connect_timeout, read_timeout)
+    for ip in target.addresses[:2]:
+        remaining = deadline - (time.monotonic() - started)
+        if remaining <= 0:
+            break
+        literal = f"[{ip}]" if ":" in ip else ip
+        pinned = f"{target.scheme}://{literal}:{target.port}{target.request_path}"
+        last = _post_once(pinned, body, send_headers, target.host, connect_timeout,
+                          read_timeout, remaining, verify, started, ip)
+        if not last.error or not last.error.startswith("connect"):
+            return last
+    return last or Attempt(None, error="timeout: attempt deadline", elapsed=time.monotonic() - started)
+
+
+def _post_once(pinned_url: str, body: bytes, headers: dict[str, str], host: str,
+               connect_timeout: float, read_timeout: float, deadline: float,
+               verify: bool | str, started: float, ip: str) -> Attempt:
+    session = requests.Session()
+    session.trust_env = False  # no proxies or .netrc from the environment: connect where we checked
+    adapter = _PinnedAdapter(host, verify)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    watch = _Watch(deadline)
+    try:
+        with watch:
+            try:
+                resp = session.post(pinned_url, data=body, headers=headers,
+                                    timeout=(connect_timeout, read_timeout),
+                                    allow_redirects=False, stream=True, verify=verify)
+            except requests.exceptions.ConnectTimeout:
+                return Attempt(None, error=f"connect timeout after {connect_timeout:g} s",
+                               elapsed=time.monotonic() - started, address=ip)
+            except requests.exceptions.ReadTimeout:
+                return Attempt(None, error=f"timeout: no response within {read_timeout:g} s",
+                               elapsed=time.monotonic() - started, address=ip)
+            except requests.exceptions.SSLError as exc:
+                return Attempt(None, error=f"tls error: {_short(exc)}",
+                               elapsed=time.monotonic() - started, address=ip)
+            except requests.exceptions.ConnectionError as exc:
+                if watch.expired:
+                    return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
+                                   elapsed=time.monotonic() - started, address=ip)
+                reason = getattr(exc.args[0], "reason", None) if exc.args else None
+                if isinstance(reason, NewConnectionError):
+                    # "<connection repr>: Failed to establish …: [Errno 111] …" → the cause
+                    return Attempt(None, error=f"connect error: {_short(reason).split(': ')[-1]}",
+                                   elapsed=time.monotonic() - started, address=ip)
+                return Attempt(None, error=f"connection error: {_short(reason or exc)}",
+                               elapsed=time.monotonic() - started, address=ip)
+            except requests.exceptions.RequestException as exc:
+                return Attempt(None, error=f"request error: {_short(exc)}",
+                               elapsed=time.monotonic() - started, address=ip)
+            with resp:
+                excerpt = _read_excerpt(resp)
+                return Attempt(resp.status_code,
+                               retry_after=parse_retry_after(resp.headers.get("retry-after"),
+                                                             resp.headers.get("date")),
+                               elapsed=time.monotonic() - started, body_excerpt=excerpt, address=ip)
+    finally:
+        session.close()
+
+
+def _read_excerpt(resp: requests.Response) -> str:
+    """Read at most MAX_RESPONSE_BYTES of the body (undecoded); the status
+    is already known, so a body that fails to arrive changes nothing."""
+    got = bytearray()
+    try:
+        while len(got) < MAX_RESPONSE_BYTES:
+            chunk = resp.raw.read(min(16384, MAX_RESPONSE_BYTES - len(got)), decode_content=False)
+            if not chunk:
+                break
+            got += chunk
+    except Exception:  # noqa: BLE001 - the body is informational only
+        pass
+    text = bytes(got[:300]).decode("utf-8", errors="replace")
+    return "".join(c if c.isprintable() else " " for c in text)
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).replace("\n", " ")[:300]
+
+
+def parse_retry_after(value: str | None, date_header: str | None = None) -> float | None:
+    """``Retry-After`` in seconds: delta-seconds, or an HTTP-date measured
+    from the response's ``Date`` header when present (so neither clock's
+    skew matters), else from this host's clock. None when absent or
+    unparseable; never negative (RFC 9110, 10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    now = None
+    if date_header:
+        try:
+            now = parsedate_to_datetime(date_header)
+        except (TypeError, ValueError, IndexError):
+            now = None
+    if now is None:
+        now = datetime.now(timezone.utc)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - now).total_seconds())
