@@ -105,6 +105,9 @@ def momo(rail):
 def test_default_credentials_are_mtn_shaped():
     assert re.fullmatch(r"[0-9a-f]{32}", DEFAULT_SUBSCRIPTION_KEY)
     assert re.fullmatch(r"[0-9a-f]{32}", DEFAULT_API_KEY)
+    # mtnmomo 3.0.1 checks a subscription key with uuid.UUID(key, version=4)
+    # before it sends anything (issue 17, point 6); "sandbox-key" failed it
+    uuid.UUID(DEFAULT_SUBSCRIPTION_KEY, version=4)
     assert uuid.UUID(DEFAULT_API_USER).version == 4 and str(uuid.UUID(DEFAULT_API_USER)) == DEFAULT_API_USER
 
 
