@@ -4,6 +4,8 @@
 * ``test.count``: inserts one row into ``test_executions`` (a side table the
   test creates) per execution, then ``Done``. Payload ``{"sleep": s}`` sleeps
   first.
+* ``test.noop``: ``Done`` and nothing else, no database work: the benches'
+  job (bench/peers.py), so a job's cost is the queue's alone.
 * ``test.exit``: ``os._exit(3)``: the process dies mid-job every time (a
   poison job).
 * ``test.raise``: raises ``RuntimeError`` every time.
@@ -25,6 +27,11 @@ def count(job, ctx):
     with ctx.pool.connection() as conn:
         conn.execute("INSERT INTO test_executions (job_key, worker) VALUES (%s, %s)",
                      (job.dedupe_key, ctx.worker_id))
+    return Done()
+
+
+@register("test.noop")
+def noop(job, ctx):
     return Done()
 
 
