@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Mapping
 
@@ -28,6 +29,16 @@ log = logging.getLogger("vpay.db")
 MAX_CONNECTIONS = 10
 """The pool's size. A worker refuses ``--worker-concurrency`` above half of it
 (design page: "What can go wrong"), leaving room for handler writes."""
+
+CHECK_IDLE_SECONDS = 1.0
+"""A pooled connection is checked (one empty query, a round trip) on checkout
+only when it has sat idle in the pool at least this long; busier ones are
+handed out as they are. pgx's pool (pgxpool, behind River) pings on acquire
+after one second idle by the same reasoning: a connection used a moment ago
+is almost surely alive, and one that died since fails its next statement,
+which every caller already survives (a database error is retried; the pool
+discards a broken connection when it comes back). Checking every checkout
+cost a round trip per checkout (issue #15)."""
 
 _MIGRATE_LOCK = 7_316_240_051  # pg_advisory_xact_lock key for migrate; any fixed number
 
@@ -91,10 +102,27 @@ def database_url(environ: Mapping[str, str] | None = None) -> str:
     return url
 
 
+def _mark_returned(conn: psycopg.Connection) -> None:
+    """The pool's ``reset`` hook (runs on every return, no database work):
+    when the connection went idle."""
+    conn._vpay_idle_since = time.monotonic()
+
+
+def check_if_idle(conn: psycopg.Connection) -> None:
+    """The pool's ``check`` hook: ``ConnectionPool.check_connection`` (an
+    empty query) only for a connection idle ``CHECK_IDLE_SECONDS`` or more
+    (or never returned yet); raises what the check raises, and the pool
+    then replaces the connection."""
+    if time.monotonic() - getattr(conn, "_vpay_idle_since", 0.0) >= CHECK_IDLE_SECONDS:
+        ConnectionPool.check_connection(conn)
+
+
 def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
               name: str = "vpay", timeout: float | None = None) -> ConnectionPool:
-    """An open pool of autocommit connections. Broken connections are
-    checked on checkout and replaced, so a Postgres restart is survived.
+    """An open pool of autocommit connections. A connection idle
+    ``CHECK_IDLE_SECONDS`` or more is checked on checkout and replaced when
+    broken; a broken one comes back from its failed statement and is
+    replaced then, so a Postgres restart is survived.
 
     Raises ``psycopg_pool.PoolTimeout`` when no connection can be made within
     ``timeout`` seconds (default ``VPAY_DATABASE_OPEN_TIMEOUT_SECONDS``, 30).
@@ -108,7 +136,8 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
         name=name,
         open=False,
         kwargs={"autocommit": True},
-        check=ConnectionPool.check_connection,
+        check=check_if_idle,
+        reset=_mark_returned,
         # Bounded, so the pool's back-off restarts within seconds after a long
         # outage (unbounded, it doubles for ever: ~30 s late after 90 s down);
         # a connection that gives up is replaced on the next checkout.

@@ -1,0 +1,180 @@
+"""Waking claim loops on commit: Postgres LISTEN/NOTIFY, routed by lane.
+
+Design: shared/design/rails.md, "Waking on commit"; issue #15. The shape:
+
+* The database notifies channel ``vpay_jobs`` with the job's lane as the
+  payload whenever a job becomes due now: inserted due, or moved to due and
+  unleased (a pull-forward, a release, a reap); the trigger is in
+  ``sql/0014_jobs_wake.sql``, so every writer of ``jobs`` is covered.
+  ``NOTIFY`` is delivered at commit, and identical payloads of one
+  transaction are collapsed: a batch of a thousand jobs is one wake-up.
+* One ``Listener`` thread per worker process holds its own session-level
+  autocommit connection (never one of the pool's: a pooled connection is
+  handed to others, and ``LISTEN`` belongs to the session). It hands each
+  notification to the ``Waker``.
+* The ``Waker`` wakes ONE idle claim loop serving that lane. A loop that
+  then claims a job wakes one more idle sibling (``spread``), so a backlog
+  spreads to as many loops as it keeps busy, at the price of one empty claim
+  per burst; a notification that finds no loop of its lane idle is kept as
+  *pending* for the lane and consumed by the next loop about to sleep (so a
+  notification that lands between a loop's empty claim and its sleep is not
+  lost). That is the debounce: however many notifications a lane gets, each
+  idle loop is woken at most once, and loops busy with that lane are left
+  alone (they claim again as they finish). A notification never wakes a
+  loop that does not serve its lane.
+* The idle sleep stays as the fallback (a listener reconnecting misses what
+  is sent meanwhile), jittered so that the loops do not sleep in step; and
+  after the listener (re)connects, every idle loop claims once.
+
+Nothing here asserts anything about the queue: a wake-up only makes a loop
+claim sooner, and a claim finds what is due or nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from typing import Iterable, Sequence
+
+import psycopg
+
+log = logging.getLogger("vpay.worker")
+
+CHANNEL = "vpay_jobs"
+"""The NOTIFY channel; payload: the lane of a job that became due now."""
+
+PING_EVERY = 30.0
+"""Seconds between the listener's liveness queries while nothing arrives: a
+connection cut without a FIN (a firewall, a failover) is found this late at
+worst, and the idle sleep covers the gap."""
+
+
+def jittered(seconds: float) -> float:
+    """An idle sleep drawn from [seconds / 2, seconds]: never longer than
+    ``--idle-sleep``, and loops that went idle together drift apart."""
+    return seconds * random.uniform(0.5, 1.0)
+
+
+class Waker:
+    """Routes wake-ups to claim loops. ``groups[slot]`` is the lanes claim
+    loop ``slot`` serves. Thread-safe; every method is O(loops)."""
+
+    def __init__(self, groups: Sequence[Iterable[str]]):
+        self._groups = [frozenset(g) for g in groups]
+        self._events = [threading.Event() for _ in self._groups]
+        self._idle: list[int] = []        # idle slots, longest idle first
+        self._pending: set[str] = set()   # lanes notified while none of their loops was idle
+        self._lock = threading.Lock()
+        self.wakeups = [0] * len(self._groups)  # per slot, for tests and the gauge
+
+    def _wake_one(self, lane: str | None, exclude: int | None = None) -> bool:
+        for slot in self._idle:
+            if slot != exclude and (lane is None or lane in self._groups[slot]):
+                self._idle.remove(slot)
+                self.wakeups[slot] += 1
+                self._events[slot].set()
+                return True
+        return False
+
+    def notify(self, lane: str) -> None:
+        """A job of ``lane`` became due: wake one idle loop serving it, or
+        keep the lane pending for the next loop of it that goes idle."""
+        with self._lock:
+            if not self._wake_one(lane) and any(lane in g for g in self._groups):
+                self._pending.add(lane)
+
+    def spread(self, slot: int) -> None:
+        """Loop ``slot`` claimed a job: wake one idle loop sharing a lane
+        with it (there may be more where that came from)."""
+        with self._lock:
+            for lane in self._groups[slot]:
+                if self._wake_one(lane, exclude=slot):
+                    return
+
+    def wake_all(self) -> None:
+        """Every idle loop claims once (the listener has just (re)connected
+        and may have missed notifications)."""
+        with self._lock:
+            while self._wake_one(None):
+                pass
+
+    def sleep(self, slot: int, timeout: float, stop: threading.Event | None = None) -> bool:
+        """Loop ``slot`` found nothing: sleep up to ``timeout`` seconds or
+        until woken (or ``stop`` is set). Answers at once, ``True``, when one
+        of its lanes is pending (a notification it might have missed)."""
+        with self._lock:
+            mine = self._pending & self._groups[slot]
+            if mine:
+                self._pending -= mine
+                return True
+            event = self._events[slot]
+            event.clear()
+            self._idle.append(slot)
+        woken = event.wait(timeout)
+        with self._lock:
+            if slot in self._idle:
+                self._idle.remove(slot)
+        return woken
+
+    def stop(self) -> None:
+        """Wake every loop (the drain: nobody sleeps through a signal)."""
+        with self._lock:
+            for slot, event in enumerate(self._events):
+                if slot in self._idle:
+                    self._idle.remove(slot)
+                event.set()
+
+
+class Listener(threading.Thread):
+    """``LISTEN vpay_jobs`` on a connection of its own, handing lanes to
+    ``waker``; reconnects with backoff (0.5 s doubling to 10 s) for as long
+    as the worker runs, and after each (re)connection wakes every idle loop
+    once. ``connected`` is set while listening; ``connections`` counts
+    successful connects (tests)."""
+
+    def __init__(self, url: str, waker: Waker, halt: threading.Event, worker_id: str = ""):
+        super().__init__(name="listener", daemon=True)
+        self.url = url
+        self.waker = waker
+        self.halt = halt
+        self.worker_id = worker_id
+        self.connected = threading.Event()
+        self.connections = 0
+        self.backend_pid: int | None = None
+
+    def run(self) -> None:
+        backoff = 0.5
+        while not self.halt.is_set():
+            try:
+                self._listen()
+                backoff = 0.5
+            except psycopg.Error as exc:
+                self.connected.clear()
+                log.warning("listener lost its connection; loops fall back to the idle sleep",
+                            extra={"worker_id": self.worker_id, "error": str(exc)[:300],
+                                   "retry_in": backoff})
+                self.halt.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _listen(self) -> None:
+        with psycopg.connect(self.url, autocommit=True,
+                             application_name=f"vpay-listener {self.worker_id}"[:63]) as conn:
+            conn.execute(f"LISTEN {CHANNEL}")
+            self.backend_pid = conn.info.backend_pid
+            self.connections += 1
+            self.connected.set()
+            if self.connections > 1:
+                log.info("listener reconnected", extra={"worker_id": self.worker_id})
+            self.waker.wake_all()  # claim once before waiting: we may have missed some
+            quiet = 0.0
+            while not self.halt.is_set():
+                got = False
+                for note in conn.notifies(timeout=1.0):
+                    got = True
+                    self.waker.notify(note.payload)
+                quiet = 0.0 if got else quiet + 1.0
+                if quiet >= PING_EVERY:
+                    conn.execute("SELECT 1")
+                    quiet = 0.0
+        self.connected.clear()
