@@ -11,6 +11,10 @@
 2. Throughput: 2 worker processes x 5 loops over N no-op jobs
    (``test.count``), jobs per second from the first claim to the queue
    being empty.
+
+The test kinds live in the ``housekeeping`` lane (vpay/lanes.py), so the
+workers run with ``--queues housekeeping``: every loop claims them, through
+the per-lane claim (``claim_lane``), as a one-lane replica would.
 """
 
 from __future__ import annotations
