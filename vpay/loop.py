@@ -353,8 +353,7 @@ class Worker:
                                        f"each lane its own loop"})
         # READY=1 before the first claim: start-up (pool, boot reap) is over,
         # and no job is handled before the service manager hears it.
-        self.notifier.ready(status=f"claiming with {cfg.concurrency} loops: "
-                                   + " ".join(f"{k}={v}" for k, v in split.items()))
+        self.notifier.ready(status=f"claiming with {cfg.concurrency} loops")
         self._beats[:] = [time.monotonic()] * cfg.concurrency
         helpers = [threading.Thread(target=self._heartbeat_thread, name="heartbeat", daemon=True),
                    threading.Thread(target=self._reaper_thread, name="reaper", daemon=True),
