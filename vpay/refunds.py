@@ -6,8 +6,9 @@ be refunded, and the refunds of a charge that have not failed never add up
 to more than its amount. A refund changes neither its charge nor its intent:
 a charge that was paid stays ``succeeded``; the refund is its own record.
 
-The rules are the charge's (design page, "The job queue" and "Timers assert
-nothing"; docs/flows/refunds.md):
+The rules are the charge's, written once in ``vpay.pollable`` (design page,
+"The job queue" and "Timers assert nothing"; docs/flows/refunds.md);
+``REFUNDS`` (at the end) describes what is a refund's own. In short:
 
 * The ``refund_poll:<refund_id>`` job is born with the refund, in the same
   transaction, and the rail is asked only after that commits (``submit``), so
