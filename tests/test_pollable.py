@@ -22,8 +22,7 @@ from vpay import handlers, money, pollable, queue, refunds
 from vpay.handlers import polling
 from vpay.loop import Worker, WorkerConfig
 from vpay.outcome import Done
-from vpay.rails.port import (CallbackIds, ChargeRequest, RailStatus, RefundRequest, StatusKind, Submit,
-                             SubmitKind)
+from vpay.rails.port import CallbackIds, ChargeRequest, RailStatus, RefundRequest, StatusKind, Submit
 from vpay.signals import ShutdownSignals
 
 

@@ -58,8 +58,9 @@ def poll_once(p: Pollable, job: Job, ctx: Context) -> Outcome:
         # also spaces verification reads.
         record_poll(conn, p, row["id"], answer.kind in RAIL_KNOWS)
         if row["status"] in SETTLED:
-            if answer.terminal and final_status(answer.kind) != row["status"]:
-                note_contradiction(conn, p, row, final_status(answer.kind), answer.reason, where=p.kind)
+            theirs = final_status(answer.kind) if answer.terminal else None
+            if theirs is not None and theirs != row["status"]:
+                note_contradiction(conn, p, row, theirs, answer.reason, where=p.kind)
             return Done()
         if answer.kind is StatusKind.SUCCEEDED and not same_money(row, answer):
             # Money moved, but not this row's money: a human reconciles it.
@@ -111,6 +112,5 @@ def register_pollable(p: Pollable) -> Handler:
         return poll_once(p, job, ctx)
 
     handler.__name__ = handler.__qualname__ = p.kind
-    handler.pollable = p  # type: ignore[attr-defined]
     REGISTRY[p.kind] = handler
     return handler
