@@ -40,11 +40,11 @@ expired because the process died) after which a job is dead-lettered."""
 class Job:
     """A claimed job. ``attempts`` counts claims including this one;
     ``failures`` the consecutive claims before this one that ended without
-    an outcome; ``lease_token`` fences every write that ends this lease."""
+    an outcome; ``lease_token`` fences every write that ends this lease;
+    ``lane`` is the job's lane (``vpay.lanes``)."""
 
     id: int
     kind: str
-    lane: str
     dedupe_key: str
     payload: dict[str, Any]
     attempts: int
@@ -53,6 +53,9 @@ class Job:
     worker: str
     run_at: datetime
     created_at: datetime
+    lane: str = _lanes.DEFAULT_LANE
+    """The lane the job was claimed from (``jobs.lane``); the default only
+    serves a ``Job`` built by hand (tests)."""
 
 
 def enqueue(conn: psycopg.Connection, kind: str, dedupe_key: str,
