@@ -35,6 +35,8 @@ def _charge_on(db, merchant, rail, status="pending"):
 
 
 def test_every_kind_is_born_in_its_lane(db, pool, merchant):
+    # an endpoint, so events get their fan-out job (none without: docs/webhooks.md)
+    webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     mtn, orange = _charge_on(db, merchant, "mtn"), _charge_on(db, merchant, "orange")
     # poll: born with the charge (money.create_payment)
     assert _lane(db, f"poll:{mtn['id']}") == "mtn"

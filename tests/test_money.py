@@ -22,6 +22,10 @@ def _new(db, merchant, payer="256770000001"):
 
 
 def test_create_payment_writes_intent_charge_poll_job_and_event_together(db, merchant):
+    # The merchant receives webhooks, so the event is born with its fan-out
+    # job (a merchant without an endpoint gets none: test_webhooks.py).
+    from vpay import webhooks
+    webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     created = _new(db, merchant)
     assert created.intent["status"] == "processing"
     assert created.intent["next_action"]["type"] == "mobile_money_prompt"

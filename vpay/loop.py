@@ -42,6 +42,7 @@ from . import handlers, lanes, queue
 from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
 from .sdnotify import Notifier, watchdog_interval
 from .signals import Drain, ShutdownSignals
+from .wake import Listener, Waker, jittered
 
 log = logging.getLogger("vpay.worker")
 
@@ -70,6 +71,7 @@ class WorkerConfig:
     queues: tuple[str, ...] = lanes.LANES
     lane_concurrency: dict[str, int] = field(default_factory=dict)
     passive: tuple[str, ...] = ()
+    listen: bool = True
 
     def loops(self) -> list[tuple[str, ...]]:
         """The lanes each claim loop serves (``lanes.split``)."""
@@ -148,45 +150,79 @@ class Worker:
         self._inflight: dict[uuid.UUID, queue.Job] = {}
         self._inflight_lock = threading.Lock()
         self.loops = config.loops()  # lanes.LaneError on a split that does not fit
+        self.waker = Waker(self.loops)
+        self.listener: Listener | None = None
         self._beats: list[float] = [time.monotonic()] * config.concurrency
 
     # ---- the claim loop -------------------------------------------------
 
     def _claim_loop(self, slot: int) -> None:
         backoff = 0.5
+        served = self.loops[slot]
+        job: queue.Job | None = None
         # signals.stop too: a signal stops claiming at once, not when the main
         # thread next looks at the flag (it polls every 0.1 s).
         while not self._stopping.is_set() and not self.signals.stop.is_set():
             self._beats[slot] = time.monotonic()
-            try:
-                with self.pool.connection() as conn:
-                    job = queue.claim(conn, self.config.worker_id, self.config.lease,
-                                      self.loops[slot])
-            except psycopg.Error as exc:  # any database error: back off, never end the loop
-                log.warning("claim failed; database unavailable",
-                            extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-                continue
-            backoff = 0.5
             if job is None:
-                self._stopping.wait(self.config.idle_sleep)
-                continue
-            self.gauge.add(job.lane, claimed=1)
-            with self._inflight_lock:
-                self._inflight[job.lease_token] = job
-            try:
-                self._run(job)
-            finally:
-                with self._inflight_lock:
-                    self._inflight.pop(job.lease_token, None)
+                try:
+                    with self.pool.connection() as conn:
+                        job, next_due = queue.claim_or_next_due(conn, self.config.worker_id,
+                                                                self.config.lease, served)
+                except psycopg.Error as exc:  # any database error: back off, never end the loop
+                    log.warning("claim failed; database unavailable",
+                                extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
+                    self._stopping.wait(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
+                backoff = 0.5
+                if job is None:
+                    # Until woken (a job of our lanes committed), the next job
+                    # of our lanes is due, or the jittered idle sleep ends.
+                    timeout = jittered(self.config.idle_sleep)
+                    if next_due is not None and next_due > 0:
+                        timeout = min(timeout, next_due)
+                    self.waker.sleep(slot, timeout)
+                    continue
+            # There may be more where this came from: one idle sibling claims too.
+            self.waker.spread(slot)
+            job = self._serve(job, served)
             self._beats[slot] = time.monotonic()
+        if job is not None:
+            # Claimed with the last finish as the drain began: hand it back
+            # now rather than hold it until its lease runs out.
+            self._release([job.lease_token])
+
+    def _serve(self, job: queue.Job, served: tuple[str, ...]) -> queue.Job | None:
+        """Run ``job`` and record its outcome; answers the next job of
+        ``served`` when the outcome's write claimed one (``Done``, not
+        draining), else ``None``."""
+        self.gauge.add(job.lane, claimed=1)
+        with self._inflight_lock:
+            self._inflight[job.lease_token] = job
+        try:
+            return self._run(job, served)
+        finally:
+            with self._inflight_lock:
+                self._inflight.pop(job.lease_token, None)
+
+    def _release(self, tokens: list[uuid.UUID]) -> int:
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                return queue.release(conn, self.config.worker_id, tokens)
+        except psycopg.Error as exc:
+            log.error("could not release leases; they will be reaped",
+                      extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
+            return 0
 
     def _job_extra(self, job: queue.Job, **more) -> dict:
         return {"worker_id": self.config.worker_id, "job_id": job.id, "kind": job.kind,
                 "lane": job.lane, "dedupe_key": job.dedupe_key, "attempts": job.attempts, **more}
 
-    def _run(self, job: queue.Job) -> None:
+    def _run(self, job: queue.Job, claim_next: tuple[str, ...] | None = None) -> queue.Job | None:
+        """Handle ``job`` and apply its outcome. With ``claim_next`` (lanes),
+        a ``Done`` is written together with the claim of the next job of
+        those lanes, which is answered (``None`` when there was none)."""
         started = time.monotonic()
         error: str | None = None
         try:
@@ -200,53 +236,77 @@ class Worker:
                 job, error=error, traceback=traceback.format_exc(limit=8)))
         elapsed = round(time.monotonic() - started, 3)
         try:
-            kept = self._apply(job, outcome, error)
+            kept, nxt = self._apply(job, outcome, error, claim_next)
         except Exception as exc:  # noqa: BLE001 - the claim loop must outlive any one job
             # A database that stayed away past the retries, or an answer that
             # is not an Outcome: the lease is left to the reaper, which counts
             # the failure and parks the job after MAX_FAILURES.
             log.error("could not record the job's outcome; its lease will be reaped",
                       extra=self._job_extra(job, error=f"{type(exc).__name__}: {exc}"[:300]))
-            return
+            return None
         if not kept:
             self.gauge.add(job.lane, lost=1)
             log.warning("lease lost: the outcome was discarded", extra=self._job_extra(
                 job, outcome=type(outcome).__name__ if outcome else "error", seconds=elapsed))
-            return
-        log.info("job handled", extra=self._job_extra(
-            job, outcome=type(outcome).__name__ if outcome else "error", seconds=elapsed))
+        elif log.isEnabledFor(logging.INFO):
+            log.info("job handled", extra=self._job_extra(
+                job, outcome=type(outcome).__name__ if outcome else "error", seconds=elapsed))
+        return nxt
+
+    def _apply(self, job: queue.Job, outcome: Outcome | None, error: str | None,
+               claim_next: tuple[str, ...] | None = None) -> tuple[bool, queue.Job | None]:
+        """Write the outcome (fenced): ``(kept, next job claimed or None)``.
+        One attempt first; only a database error enters the retrying path
+        (tenacity, up to 30 s, fresh connections, no claim), so a healthy
+        job pays for no retry machinery."""
+        try:
+            with self.pool.connection() as conn:
+                return self._write(conn, job, outcome, error, claim_next)
+        except DB_ERRORS as exc:
+            log.warning("could not record the job's outcome; retrying",
+                        extra=self._job_extra(job, error=str(exc)[:300]))
+        return self._write_retrying(job, outcome, error), None
 
     @_retry_db
-    def _apply(self, job: queue.Job, outcome: Outcome | None, error: str | None) -> bool:
+    def _write_retrying(self, job: queue.Job, outcome: Outcome | None, error: str | None) -> bool:
         with self.pool.connection() as conn:
-            if outcome is None:
-                if job.failures + 1 >= queue.MAX_FAILURES:
-                    reason = f"dead-lettered after {job.failures + 1} consecutive failures; last: {error}"
-                    kept = queue.park(conn, job, reason)
-                    if kept:
-                        self.gauge.add(job.lane, parked=1)
-                        log.error("job dead-lettered", extra=self._job_extra(job, reason=reason))
-                    return kept
-                kept = queue.retry_failed(conn, job, failure_backoff(job.failures), error or "")
-                if kept:
-                    self.gauge.add(job.lane, failed=1)
-                return kept
-            if isinstance(outcome, Done):
-                kept = queue.finish(conn, job)
-                if kept:
-                    self.gauge.add(job.lane, done=1)
-                return kept
-            if isinstance(outcome, RetryAfter):
-                kept = queue.reschedule(conn, job, outcome.seconds, outcome.note)
-                if kept:
-                    self.gauge.add(job.lane, retried=1)
-                return kept
-            if isinstance(outcome, DeadLetter):
-                kept = queue.park(conn, job, outcome.reason)
+            return self._write(conn, job, outcome, error, None)[0]
+
+    def _write(self, conn: psycopg.Connection, job: queue.Job, outcome: Outcome | None,
+               error: str | None, claim_next: tuple[str, ...] | None) -> tuple[bool, queue.Job | None]:
+        if outcome is None:
+            if job.failures + 1 >= queue.MAX_FAILURES:
+                reason = f"dead-lettered after {job.failures + 1} consecutive failures; last: {error}"
+                kept = queue.park(conn, job, reason)
                 if kept:
                     self.gauge.add(job.lane, parked=1)
-                    log.error("job dead-lettered", extra=self._job_extra(job, reason=outcome.reason))
-                return kept
+                    log.error("job dead-lettered", extra=self._job_extra(job, reason=reason))
+                return kept, None
+            kept = queue.retry_failed(conn, job, failure_backoff(job.failures), error or "")
+            if kept:
+                self.gauge.add(job.lane, failed=1)
+            return kept, None
+        if isinstance(outcome, Done):
+            # Looked at when writing, not when the job began: a signal during
+            # the handler means claim nothing new.
+            if claim_next is not None and not (self._stopping.is_set() or self.signals.stop.is_set()):
+                kept, nxt, _ = queue.finish_and_claim(conn, job, self.config.lease, claim_next)
+            else:
+                kept, nxt = queue.finish(conn, job), None
+            if kept:
+                self.gauge.add(job.lane, done=1)
+            return kept, nxt
+        if isinstance(outcome, RetryAfter):
+            kept = queue.reschedule(conn, job, outcome.seconds, outcome.note)
+            if kept:
+                self.gauge.add(job.lane, retried=1)
+            return kept, None
+        if isinstance(outcome, DeadLetter):
+            kept = queue.park(conn, job, outcome.reason)
+            if kept:
+                self.gauge.add(job.lane, parked=1)
+                log.error("job dead-lettered", extra=self._job_extra(job, reason=outcome.reason))
+            return kept, None
         raise TypeError(f"handler for {job.kind!r} returned {outcome!r}, not an Outcome")
 
     # ---- maintenance threads --------------------------------------------
@@ -362,6 +422,10 @@ class Worker:
         if wd and self.notifier.enabled:
             helpers.append(threading.Thread(target=self._watchdog_thread, args=(wd,),
                                             name="watchdog", daemon=True))
+        if cfg.listen:
+            # Its own session-level connection, never one of the pool's (wake.py).
+            self.listener = Listener(self.pool.conninfo, self.waker, self._halt, cfg.worker_id)
+            helpers.append(self.listener)
         for t in helpers:
             t.start()
         executor = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="claim")
@@ -377,6 +441,7 @@ class Worker:
     def _drain(self, executor: ThreadPoolExecutor, futures) -> Drain:
         cfg = self.config
         self._stopping.set()
+        self.waker.stop()  # no loop sleeps through the drain
         started = self.signals.received_at or time.monotonic()
         self.notifier.stopping()
         self.notifier.extend_timeout(cfg.shutdown_grace + 5)

@@ -89,15 +89,16 @@ def validate(merchant_id: str, amount: Any, currency: Any, rail: Any, payer: Any
 
 def emit_event(conn: psycopg.Connection, type_: str, intent: dict[str, Any],
                charge: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write one event and its ``fanout:<event_id>`` job. Call inside the
-    transition's transaction so that the event and its delivery are born
-    together (webhooks: fan-out)."""
+    """Write one event and its ``fanout:<event_id>`` job, in one statement
+    (``insert_event``); no job when the merchant has no enabled webhook
+    endpoint at this moment (docs/webhooks.md). Call inside the transition's
+    transaction so that the event and its delivery are born together
+    (webhooks: fan-out)."""
     data = {"object": intent_view(intent), "charge": charge_view(charge), **(extra or {})}
     with conn.cursor(row_factory=dict_row) as cur:
         event = cur.execute(Q["insert_event"], {"id": new_id("evt"), "type": type_,
                                                 "payment_intent_id": intent["id"],
                                                 "data": Jsonb(data)}).fetchone()
-    queue.enqueue(conn, "fanout", f"fanout:{event['id']}", {"event_id": event["id"]})
     return event
 
 

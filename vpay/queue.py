@@ -90,17 +90,52 @@ def claim(conn: psycopg.Connection, worker: str, lease: float = 300.0,
     ``worker`` for ``lease`` seconds (the row's ``lease_expires_at``), or
     ``None`` when nothing is due there. One lane uses ``claim_lane`` (an
     ordered scan of ``jobs_claimable_lane``); several use ``claim_lanes``."""
+    return claim_or_next_due(conn, worker, lease, lanes)[0]
+
+
+def _lane_params(lanes: Iterable[str] | None) -> tuple[str, dict[str, Any]]:
+    """``("_lane", {"lane": x})`` for one lane, ``("_lanes", {"lanes": [...]})``
+    for several: which variant of a claim statement serves them."""
     lanes = tuple(_lanes.LANES if lanes is None else lanes)
+    if len(lanes) == 1:
+        return "_lane", {"lane": lanes[0]}
+    return "_lanes", {"lanes": list(lanes)}
+
+
+def _claimed(row: dict[str, Any], worker: str) -> tuple[Job | None, float | None]:
+    next_due = row.pop("next_due_in")
+    row.pop("finished", None)
+    if row["id"] is None:
+        return None, next_due
+    return Job(worker=worker, **row), None
+
+
+def claim_or_next_due(conn: psycopg.Connection, worker: str, lease: float = 300.0,
+                      lanes: Iterable[str] | None = None) -> tuple[Job | None, float | None]:
+    """``claim``, and when nothing is due, the seconds until the next job of
+    ``lanes`` is (``None`` when none is scheduled; zero or less when a due
+    job was skipped because another claim held its lock). One statement:
+    ``(job, None)`` or ``(None, next_due_in)``."""
+    variant, params = _lane_params(lanes)
     with conn.cursor(row_factory=dict_row) as cur:
-        if len(lanes) == 1:
-            row = cur.execute(Q["claim_lane"], {"worker": worker, "lease": float(lease),
-                                                "lane": lanes[0]}).fetchone()
-        else:
-            row = cur.execute(Q["claim_lanes"], {"worker": worker, "lease": float(lease),
-                                                 "lanes": list(lanes)}).fetchone()
-    if row is None:
-        return None
-    return Job(worker=worker, **row)
+        row = cur.execute(Q["claim" + variant], {"worker": worker, "lease": float(lease),
+                                                 **params}).fetchone()
+    return _claimed(row, worker)
+
+
+def finish_and_claim(conn: psycopg.Connection, job: Job, lease: float = 300.0,
+                     lanes: Iterable[str] | None = None) -> tuple[bool, Job | None, float | None]:
+    """``finish(job)`` and ``claim_or_next_due`` for the same worker in one
+    statement (one round trip per job in a busy loop). Answers ``(finished,
+    next job or None, next_due_in or None)``; ``finished`` is ``False`` when
+    the lease was no longer ours (lost), and the claim happens all the same."""
+    variant, params = _lane_params(lanes)
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["finish_claim" + variant],
+                          {**_fenced(job), "lease": float(lease), **params}).fetchone()
+    finished = bool(row["finished"])
+    nxt, next_due = _claimed(row, job.worker)
+    return finished, nxt, next_due
 
 
 def _fenced(job: Job) -> dict[str, Any]:

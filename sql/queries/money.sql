@@ -19,9 +19,26 @@ VALUES (%(id)s, %(payment_intent_id)s, %(rail)s, %(rail_reference)s, %(payer)s, 
 RETURNING *;
 
 -- name: insert_event
-INSERT INTO events (id, type, payment_intent_id, data)
-VALUES (%(id)s, %(type)s, %(payment_intent_id)s, %(data)s)
-RETURNING id, type, payment_intent_id, data, created_at;
+-- The event and, in the same statement, its fanout:<event_id> job (lane
+-- webhooks, vpay/lanes.py), but only when the intent's merchant has an
+-- enabled webhook endpoint at this moment: an event nobody can receive gets
+-- no job (docs/webhooks.md, "Who gets an event"; issue #15). An endpoint
+-- added later receives the events written after it, as before.
+WITH event AS (
+    INSERT INTO events (id, type, payment_intent_id, data)
+    VALUES (%(id)s, %(type)s, %(payment_intent_id)s, %(data)s)
+    RETURNING id, type, payment_intent_id, data, created_at
+), fanout AS (
+    INSERT INTO jobs (kind, lane, dedupe_key, payload)
+    SELECT 'fanout', 'webhooks', 'fanout:' || event.id, jsonb_build_object('event_id', event.id)
+      FROM event
+     WHERE EXISTS (SELECT 1
+                     FROM payment_intents i
+                     JOIN webhook_endpoints w ON w.merchant_id = i.merchant_id AND w.enabled
+                    WHERE i.id = event.payment_intent_id)
+    ON CONFLICT (dedupe_key) DO NOTHING
+)
+SELECT id, type, payment_intent_id, data, created_at FROM event;
 
 -- name: load_charge
 -- Ages come from the database's clock, never a worker's.

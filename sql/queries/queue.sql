@@ -18,50 +18,143 @@ SELECT coalesce((SELECT rail FROM charges WHERE id = %(charge_id)s),
 -- name: claim_lane
 -- The oldest due job of one lane. Served by jobs_claimable_lane (lane,
 -- run_at): an ordered index scan inside the lane that stops at the first row
--- SKIP LOCKED can take; no sort, other lanes' rows never read.
-UPDATE jobs
-   SET attempts = attempts + 1,
-       locked_by = %(worker)s,
-       locked_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s),
-       lease_token = gen_random_uuid()
- WHERE id = (SELECT id
+-- SKIP LOCKED can take; no sort, other lanes' rows never read. Always one
+-- row: the job's columns (all NULL when nothing is due) and next_due_in.
+WITH claimed AS (
+    UPDATE jobs
+       SET attempts = attempts + 1,
+           locked_by = %(worker)s,
+           locked_at = now(),
+           lease_expires_at = now() + make_interval(secs => %(lease)s),
+           lease_token = gen_random_uuid()
+     WHERE id = (SELECT id
+                   FROM jobs
+                  WHERE lane = %(lane)s
+                    AND locked_at IS NULL
+                    AND run_at <> 'infinity'
+                    AND run_at <= now()
+                  ORDER BY run_at
+                  LIMIT 1
+                    FOR UPDATE SKIP LOCKED)
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+)
+SELECT claimed.*,
+       -- only when nothing was claimed: seconds until the next job of these
+       -- lanes is due (NULL: none scheduled), so the loop sleeps until then
+       CASE WHEN claimed.id IS NULL THEN
+            (SELECT extract(epoch FROM min(run_at) - now())::float8
                FROM jobs
-              WHERE lane = %(lane)s
-                AND locked_at IS NULL
-                AND run_at <> 'infinity'
-                AND run_at <= now()
-              ORDER BY run_at
-              LIMIT 1
-                FOR UPDATE SKIP LOCKED)
-RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at;
+              WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity')
+       END AS next_due_in
+  FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
 -- name: claim_lanes
 -- The oldest due job of several lanes (a loop that shares lanes: fewer
 -- loops than lanes). jobs_claimable (run_at) walks due rows in order and
 -- filters on the lane; an ordered scan of (lane, run_at) cannot serve
--- lane = ANY(...) ORDER BY run_at.
-UPDATE jobs
-   SET attempts = attempts + 1,
-       locked_by = %(worker)s,
-       locked_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s),
-       lease_token = gen_random_uuid()
- WHERE id = (SELECT id
+-- lane = ANY(...) ORDER BY run_at. The same one row as claim_lane.
+WITH claimed AS (
+    UPDATE jobs
+       SET attempts = attempts + 1,
+           locked_by = %(worker)s,
+           locked_at = now(),
+           lease_expires_at = now() + make_interval(secs => %(lease)s),
+           lease_token = gen_random_uuid()
+     WHERE id = (SELECT id
+                   FROM jobs
+                  WHERE lane = ANY(%(lanes)s)
+                    AND locked_at IS NULL
+                    AND run_at <> 'infinity'
+                    AND run_at <= now()
+                  ORDER BY run_at
+                  LIMIT 1
+                    FOR UPDATE SKIP LOCKED)
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+)
+SELECT claimed.*,
+       -- only when nothing was claimed: seconds until the next job of these
+       -- lanes is due (NULL: none scheduled), so the loop sleeps until then
+       CASE WHEN claimed.id IS NULL THEN
+            (SELECT extract(epoch FROM min(run_at) - now())::float8
                FROM jobs
-              WHERE lane = ANY(%(lanes)s)
-                AND locked_at IS NULL
-                AND run_at <> 'infinity'
-                AND run_at <= now()
-              ORDER BY run_at
-              LIMIT 1
-                FOR UPDATE SKIP LOCKED)
-RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at;
+              WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity')
+       END AS next_due_in
+  FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
 -- name: finish
 DELETE FROM jobs
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
 RETURNING id;
+
+-- name: finish_claim_lane
+-- The fenced finish of one job and the claim of the next (claim_lane), in one
+-- statement: one round trip per job while a loop has work (issue #15). The
+-- finished job is leased, so the claim cannot take it again. finished is
+-- false when the lease was no longer ours (lost); the claim happens anyway.
+WITH finished AS (
+    DELETE FROM jobs
+     WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+    RETURNING id
+), claimed AS (
+    UPDATE jobs
+       SET attempts = attempts + 1,
+           locked_by = %(worker)s,
+           locked_at = now(),
+           lease_expires_at = now() + make_interval(secs => %(lease)s),
+           lease_token = gen_random_uuid()
+     WHERE id = (SELECT id
+                   FROM jobs
+                  WHERE lane = %(lane)s
+                    AND locked_at IS NULL
+                    AND run_at <> 'infinity'
+                    AND run_at <= now()
+                  ORDER BY run_at
+                  LIMIT 1
+                    FOR UPDATE SKIP LOCKED)
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+)
+SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
+       CASE WHEN claimed.id IS NULL THEN
+            (SELECT extract(epoch FROM min(run_at) - now())::float8
+               FROM jobs
+              WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity')
+       END AS next_due_in
+  FROM (SELECT) AS one LEFT JOIN claimed ON true;
+
+-- name: finish_claim_lanes
+-- The fenced finish of one job and the claim of the next (claim_lanes), in one
+-- statement: one round trip per job while a loop has work (issue #15). The
+-- finished job is leased, so the claim cannot take it again. finished is
+-- false when the lease was no longer ours (lost); the claim happens anyway.
+WITH finished AS (
+    DELETE FROM jobs
+     WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+    RETURNING id
+), claimed AS (
+    UPDATE jobs
+       SET attempts = attempts + 1,
+           locked_by = %(worker)s,
+           locked_at = now(),
+           lease_expires_at = now() + make_interval(secs => %(lease)s),
+           lease_token = gen_random_uuid()
+     WHERE id = (SELECT id
+                   FROM jobs
+                  WHERE lane = ANY(%(lanes)s)
+                    AND locked_at IS NULL
+                    AND run_at <> 'infinity'
+                    AND run_at <= now()
+                  ORDER BY run_at
+                  LIMIT 1
+                    FOR UPDATE SKIP LOCKED)
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+)
+SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
+       CASE WHEN claimed.id IS NULL THEN
+            (SELECT extract(epoch FROM min(run_at) - now())::float8
+               FROM jobs
+              WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity')
+       END AS next_due_in
+  FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
 -- name: reschedule
 -- An Outcome was reached: the failure streak ends.
