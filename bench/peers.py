@@ -282,18 +282,28 @@ def _one_line(text: str) -> str:
     return " ".join(" ".join(lines).split()).rstrip(";")
 
 
-def pgbench_script(lanes: bool) -> str:
-    """vpay's claim + fenced finish, as the worker sends them, for pgbench."""
+def pgbench_script(lanes: bool, combined: bool) -> str:
+    """vpay's per-job SQL for pgbench, with the worker's parameters as
+    literals and the claimed row's columns carried by ``\\gset``.
+
+    ``combined``: what a busy vpay loop sends per job, ``finish_claim_lane``
+    (the fenced finish of the previous job and the claim of the next, one
+    statement; the first transaction of a client finishes nothing).
+    Otherwise the two statements ``claim_lane`` + ``finish``."""
     from vpay.queries import Q
-    claim = Q.get("claim_lane") if lanes else Q["claim"]
-    subst = {"%(worker)s": "'pgbench'", "%(lease)s": "300", "%(lane)s": "'housekeeping'"}
-    claim = _one_line(claim)
-    for k, v in subst.items():
-        claim = claim.replace(k, v)
-    finish = _one_line(Q["finish"])
-    finish = (finish.replace("%(id)s", ":id").replace("%(worker)s", "'pgbench'")
-              .replace("%(token)s", ":lease_token"))
-    return f"{claim} \\gset\n{finish};\n"
+    subst = {"%(worker)s": "'pgbench'", "%(lease)s": "300", "%(lane)s": "'housekeeping'",
+             "%(id)s": ":id", "%(token)s": ":lease_token"}
+
+    def text(name: str) -> str:
+        out = _one_line(Q[name])
+        for k, v in subst.items():
+            out = out.replace(k, v)
+        return out
+
+    if combined:
+        return f"{text('finish_claim_lane')} \\gset\n"
+    claim = text("claim_lane") if lanes else text("claim")
+    return f"{claim} \\gset\n{text('finish')};\n"
 
 
 def pgbench_bin() -> str:
@@ -303,17 +313,20 @@ def pgbench_bin() -> str:
     return exe
 
 
-def run_pgbench(url: str, n: int, clients: int = 5) -> dict:
+def run_pgbench(url: str, n: int, clients: int = 5, combined: bool = True) -> dict:
     with psycopg.connect(url, autocommit=True) as conn:
         lanes = has_lanes(conn)
-    script = LOGS / "claim_finish.sql"
-    script.write_text(pgbench_script(lanes))
+    from vpay.queries import Q
+    combined = combined and "finish_claim_lane" in Q
+    script = LOGS / ("finish_claim.sql" if combined else "claim_finish.sql")
+    script.write_text(pgbench_script(lanes, combined))
     parts = psycopg.conninfo.conninfo_to_dict(url)
     env = {**os.environ, "PGHOST": parts.get("host") or "", "PGPORT": str(parts.get("port") or 5432),
            "PGUSER": parts.get("user") or "postgres", "PGSSLMODE": parts.get("sslmode") or "prefer",
            "PGPASSWORD": parts.get("password") or ""}
+    first = ["-D", "id=0", "-D", "lease_token=00000000-0000-0000-0000-000000000000"] if combined else []
     res = subprocess.run([pgbench_bin(), "-n", "-M", "prepared", "-c", str(clients), "-j", "1",
-                          "-t", str(n // clients), "-f", str(script), parts["dbname"]],
+                          "-t", str(n // clients), *first, "-f", str(script), parts["dbname"]],
                          env=env, capture_output=True, text=True)
     if res.returncode != 0:
         raise SystemExit(f"pgbench failed:\n{res.stdout}\n{res.stderr}")
@@ -322,11 +335,17 @@ def run_pgbench(url: str, n: int, clients: int = 5) -> dict:
 
 
 def throughput_pgbench(server: str, n: int) -> dict:
-    url = vpay_db(server, "vpay_bench_tp_pgbench")
-    with psycopg.connect(url, autocommit=True) as conn:
-        insert_noops(conn, n, "tp:")
-        conn.execute("VACUUM ANALYZE jobs")
-    return run_pgbench(url, n)
+    """Both scripts on fresh tables: ``jobs_per_s`` is the SQL vpay sends
+    per job (finish+claim in one statement), ``two_statements_jobs_per_s``
+    the separate claim and finish."""
+    out = {}
+    for combined, key in ((True, "jobs_per_s"), (False, "two_statements_jobs_per_s")):
+        url = vpay_db(server, "vpay_bench_tp_pgbench")
+        with psycopg.connect(url, autocommit=True) as conn:
+            insert_noops(conn, n, "tp:")
+            conn.execute("VACUUM ANALYZE jobs")
+        out[key] = run_pgbench(url, n, combined=combined)["jobs_per_s"]
+    return out
 
 
 # ---- 2. commit-to-claim ----------------------------------------------------------
