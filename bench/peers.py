@@ -476,15 +476,25 @@ def churn_vpay(server: str, n: int = 100_000, window: int = 10_000) -> dict:
         proc = start_vpay(url, "--worker-concurrency", "5", *vpay_lanes_flag())
         try:
             # count(*) over 100k rows is not free: polled every 0.1 s only
-            first = drain(conn, VPAY_LEFT, n, until=n - window, every=0.1)
+            first = drain(conn, VPAY_LEFT, n, proc.pid, until=n - window, every=0.1)
             drain(conn, VPAY_LEFT, n - window, until=window, every=0.5)
-            last = drain(conn, VPAY_LEFT, window + 1, until=0, every=0.1)
+            last = drain(conn, VPAY_LEFT, window + 1, proc.pid, until=0, every=0.1)
         finally:
             stop(proc)
         vac = conn.execute("SELECT autovacuum_count, n_dead_tup FROM pg_stat_user_tables "
                            "WHERE relname = 'jobs'").fetchone()
-    return {"first_jobs_per_s": first["jobs_per_s"], "last_jobs_per_s": last["jobs_per_s"],
-            "ratio": last["jobs_per_s"] / first["jobs_per_s"], "autovacuums": vac[0]}
+    out = {"first_jobs_per_s": first["jobs_per_s"], "last_jobs_per_s": last["jobs_per_s"],
+           "ratio": last["jobs_per_s"] / first["jobs_per_s"], "autovacuums": vac[0]}
+    # The same comparison by CPU per job (worker + its Postgres backends):
+    # what the dead entries cost each claim, much less sensitive than a
+    # 5-second rate to whatever else the machine runs meanwhile.
+    try:
+        cpu = lambda d: d["worker_cpu_ms_per_job"] + d["postgres_cpu_ms_per_job"]  # noqa: E731
+        out |= {"first_cpu_ms_per_job": cpu(first), "last_cpu_ms_per_job": cpu(last),
+                "cpu_ratio": cpu(first) / cpu(last)}
+    except (KeyError, TypeError):
+        pass
+    return out
 
 
 # ---- the run ----------------------------------------------------------------------
@@ -554,7 +564,7 @@ def main() -> None:
     for fig, key in (("throughput", "jobs_per_s"), ("throughput", "worker_cpu_ms_per_job"),
                      ("throughput", "postgres_cpu_ms_per_job"), ("roundtrips", "per_job"),
                      ("latency", "p50_ms"), ("latency", "p99_ms"), ("backlog", "ratio"),
-                     ("churn", "ratio")):
+                     ("churn", "ratio"), ("churn", "cpu_ratio")):
         for system in SYSTEMS:
             value, ld = med(fig, system, key)
             if value is not None:
@@ -573,6 +583,8 @@ def main() -> None:
         ratios["round trips per no-op job, vpay (goal <= 2)"] = summary["roundtrips.per_job.vpay"]
     if "churn.ratio.vpay" in summary:
         ratios["churn last/first 10k of 100k (goal >= 0.95)"] = summary["churn.ratio.vpay"]
+    if "churn.cpu_ratio.vpay" in summary:
+        ratios["churn by CPU per job, first/last 10k"] = summary["churn.cpu_ratio.vpay"]
     if "backlog.ratio.vpay" in summary:
         ratios["backlog 1M/1k rate"] = summary["backlog.ratio.vpay"]
     print("\n# the issue's ratios")

@@ -11,6 +11,13 @@ the drain". The shape:
   other exception is retried with backoff and parked after
   ``queue.MAX_FAILURES`` in a row. A fenced write that matches nothing is
   counted as **lost** and changes nothing.
+* A ``Done`` is written together with the claim of the loop's next job
+  (``queue.finish_and_claim``, one statement): one round trip per job while
+  a loop has work. Only a database error enters the retrying path.
+* A loop that finds nothing sleeps on the ``Waker`` (vpay/wake.py): until a
+  job of its lanes is committed due (LISTEN/NOTIFY through one listener
+  thread per process), until the next job of its lanes is due (the empty
+  claim says when), or for a jittered ``idle_sleep`` at most.
 * A ``heartbeat`` thread renews the leases this worker holds every
   ``lease / 3``, so a lease runs out only when its worker is dead. Expired
   leases are reaped at boot (before claiming: the dead worker may have held
