@@ -8,6 +8,8 @@ import os
 
 import click
 
+from .common import EX_UNAVAILABLE, fail
+
 log = logging.getLogger("vpay.cli")
 
 
@@ -20,7 +22,8 @@ def sandbox_rail(host: str, port: int, success_after_seconds: float) -> None:
     """A local HTTP server speaking the MTN MoMo Collection API (demos and tests).
 
     Credentials it accepts are those of VPAY_MTN_SUBSCRIPTION_KEY, VPAY_MTN_API_USER,
-    VPAY_MTN_API_KEY (defaults: the sandbox's own)."""
+    VPAY_MTN_API_KEY (defaults: the sandbox's own). A port that is busy
+    (or an address not on this host) exits 69 with one line."""
     import signal as _signal
     from ..sandbox.mtn import SandboxRail
     kwargs = {k: v for k, v in {
@@ -28,7 +31,10 @@ def sandbox_rail(host: str, port: int, success_after_seconds: float) -> None:
         "api_user": os.environ.get("VPAY_MTN_API_USER"),
         "api_key": os.environ.get("VPAY_MTN_API_KEY"),
     }.items() if v}
-    rail = SandboxRail(host, port, success_after_seconds=success_after_seconds, **kwargs)
+    try:
+        rail = SandboxRail(host, port, success_after_seconds=success_after_seconds, **kwargs)
+    except OSError as exc:  # a busy port, an address not on this host
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EX_UNAVAILABLE)
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
