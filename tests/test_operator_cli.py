@@ -222,3 +222,29 @@ def test_a_bad_retention_setting_refuses_the_worker(db_url, value):
 def test_settings_default_retention_is_ninety_days():
     assert Settings.from_env({}).retention_days == 90
     assert Settings.from_env({"VPAY_RETENTION_DAYS": "0"}).retention_days == 0
+
+
+def test_payments_create_and_show_agree_on_keys_and_show_the_poll_and_open_alerts(db, db_url, merchant, sandbox):
+    from support import rail_env
+    created = run(db_url, "payments", "create", "--merchant", merchant, "--amount", "1500",
+                  "--currency", "EUR", "--payer", "256770000001", **rail_env(sandbox))
+    assert created.returncode == 0, created.stderr
+    created = json.loads(created.stdout)
+    charge_id = created["charge"]["id"]
+    assert [c["id"] for c in created["charges"]] == [charge_id]
+    db.execute("UPDATE jobs SET last_error = 'rail: pending' WHERE dedupe_key = %s", (f"poll:{charge_id}",))
+    db.execute("INSERT INTO alerts (kind, charge_id, details) VALUES ('rail_contradiction', %s, '{}'), "
+               "('charge_unresolved', %s, '{}')", (charge_id, charge_id))
+    db.execute("UPDATE alerts SET acknowledged_at = now() WHERE kind = 'charge_unresolved'")
+
+    for some_id in (created["payment_intent"]["id"], charge_id):
+        res = run(db_url, "payments", "show", some_id)
+        assert res.returncode == 0, res.stderr
+        shown = json.loads(res.stdout)
+        assert shown["charge"]["id"] == charge_id and [c["id"] for c in shown["charges"]] == [charge_id]
+        poll = shown["charge"]["poll"]
+        assert poll["dedupe_key"] == f"poll:{charge_id}" and poll["state"] == "scheduled"
+        assert poll["next_read_at"] and poll["attempts"] == 0 and poll["last_error"] == "rail: pending"
+        assert "lane" in poll
+        assert [a["kind"] for a in shown["charge"]["open_alerts"]] == ["rail_contradiction"]
+    assert run(db_url, "payments", "show", "pi_nothing").returncode == 1

@@ -167,3 +167,31 @@ def prune(conn: psycopg.Connection, days: float, *, apply: bool = True) -> dict[
         raise ValueError(f"days must be > 0, got {days!r}")
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         return dict(cur.execute(Q["op_prune"], {"days": float(days), "apply": apply}).fetchone())
+
+
+def payment_view(conn: psycopg.Connection, some_id: str) -> dict[str, Any] | None:
+    """``money.show`` for an operator: ``{payment_intent, charge, charges,
+    events}`` where every charge also has ``poll`` (its ``poll:<charge_id>``
+    job: ``{dedupe_key, lane, state, next_read_at, attempts, failures,
+    last_error}``, None once the poll has ended) and ``open_alerts``.
+    ``charge`` is the latest charge (the key ``payments create`` prints),
+    ``charges`` all of them, oldest first. None when ``some_id`` is unknown."""
+    from .money import show
+    found = show(conn, some_id)
+    if found is None:
+        return None
+    charges = found["charges"]
+    ids = [c["id"] for c in charges]
+    with conn.cursor(row_factory=dict_row) as cur:
+        polls = {r.pop("charge_id"): r for r in cur.execute(
+            Q["op_charge_polls"], {"keys": [f"poll:{i}" for i in ids]}).fetchall()}
+        alerts = cur.execute(Q["op_open_alerts_of_charges"], {"ids": ids}).fetchall()
+    for charge in charges:
+        poll = polls.get(charge["id"])
+        if poll is not None and poll["next_read_at"] is not None:
+            poll["next_read_at"] = poll["next_read_at"].isoformat()
+        charge["poll"] = poll
+        charge["open_alerts"] = [{**a, "created_at": a["created_at"].isoformat()}
+                                 for a in alerts if a["charge_id"] == charge["id"]]
+    return {"payment_intent": found["payment_intent"], "charge": charges[-1] if charges else None,
+            "charges": charges, "events": found["events"]}

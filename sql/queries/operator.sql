@@ -200,3 +200,23 @@ SELECT 'deliver', 'deliver:' || event_id || ':' || endpoint_id,
 ON CONFLICT (dedupe_key) DO UPDATE SET run_at = now(), failures = 0, attempts = 0
  WHERE jobs.run_at = 'infinity'
 RETURNING id;
+
+-- name: op_charge_polls
+-- payments show: each charge's poll job (next read, attempts, lane, last
+-- error); a dead letter has no next read.
+SELECT substr(j.dedupe_key, 6) AS charge_id, j.dedupe_key, to_jsonb(j) ->> 'lane' AS lane,
+       CASE WHEN j.run_at = 'infinity' THEN 'dead'
+            WHEN j.locked_at IS NOT NULL AND j.lease_expires_at < now() THEN 'stranded'
+            WHEN j.locked_at IS NOT NULL THEN 'leased'
+            WHEN j.run_at <= now() THEN 'due'
+            ELSE 'scheduled' END AS state,
+       CASE WHEN j.run_at <> 'infinity' THEN j.run_at END AS next_read_at,
+       j.attempts, j.failures, j.last_error
+  FROM jobs j
+ WHERE j.dedupe_key = ANY(%(keys)s);
+
+-- name: op_open_alerts_of_charges
+SELECT id, kind, charge_id, refund_id, details, created_at
+  FROM alerts
+ WHERE charge_id = ANY(%(ids)s) AND acknowledged_at IS NULL
+ ORDER BY created_at, id;
