@@ -121,3 +121,33 @@ def test_the_worker_takes_a_log_level(db, db_url, spawn):
     assert worker.wait(60) == 0
     levels = {l.get("level") for l in worker.lines()}
     assert levels and levels <= {"WARNING", "ERROR", "CRITICAL"}, levels  # the flag beat VPAY_LOG_LEVEL
+
+
+def test_the_demo_drops_only_a_database_it_made_itself(server_url):
+    name = "vpay_demo_t" + __import__("uuid").uuid4().hex[:8]
+    admin_url = psycopg.conninfo.make_conninfo(server_url, dbname="postgres")
+    env = base_env(server_url)
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')  # somebody else's
+        try:
+            with psycopg.connect(psycopg.conninfo.make_conninfo(server_url, dbname=name),
+                                 autocommit=True) as theirs:
+                theirs.execute("CREATE TABLE precious (x int)")
+            res = run("vpay-server", "demo", "--database", name, "--deadline-seconds", "1", env=env)
+            assert res.returncode == 1 and "--reset" in one_line(res)
+            with psycopg.connect(psycopg.conninfo.make_conninfo(server_url, dbname=name)) as theirs:
+                theirs.execute("SELECT * FROM precious")  # untouched
+
+            # with --reset it is dropped and made again, marked as the demo's: a
+            # later run drops it unasked
+            res = run("vpay-server", "demo", "--database", name, "--reset", "--deadline-seconds", "1", env=env)
+            assert "vpay: refused" not in res.stderr, res.stderr[-2000:]
+            with psycopg.connect(psycopg.conninfo.make_conninfo(server_url, dbname=name)) as ours:
+                assert ours.execute("SELECT to_regclass('precious')").fetchone() == (None,)
+                ours.execute("CREATE TABLE scratch (x int)")
+            res = run("vpay-server", "demo", "--database", name, "--deadline-seconds", "1", env=env)
+            assert "vpay: refused" not in res.stderr, res.stderr[-2000:]
+            with psycopg.connect(psycopg.conninfo.make_conninfo(server_url, dbname=name)) as ours:
+                assert ours.execute("SELECT to_regclass('scratch')").fetchone() == (None,)
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
