@@ -164,14 +164,18 @@ def echo_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, default=default))
 
 
+TEXT_COLUMNS = ("last_error", "details", "note", "reason")
+"""Free-text columns, cut at 60 characters in a table (ids never are)."""
+
+
 def echo_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
     """``rows`` as a plain text table of ``columns`` (a header, then one line
-    per row; values cut at 60 characters), or ``(none)``."""
+    per row; ``TEXT_COLUMNS`` cut at 60 characters), or ``(none)``."""
     if not rows:
         click.echo("(none)")
         return
 
-    def cell(value: Any) -> str:
+    def cell(value: Any, column: str) -> str:
         if value is None:
             return "-"
         if hasattr(value, "isoformat"):
@@ -180,8 +184,8 @@ def echo_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
             import json
             value = json.dumps(value, default=str)
         text = " ".join(str(value).split())
-        return text if len(text) <= 60 else text[:59] + "…"
-    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+        return text if len(text) <= 60 or column not in TEXT_COLUMNS else text[:59] + "…"
+    cells = [[cell(r.get(c), c) for c in columns] for r in rows]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
     for line in cells:
