@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from api_support import api_stack, new_key, stack  # noqa: F401  (fixtures)
-from support import TimeMachine, base_env, script, wait_until
+from support import TimeMachine, script, wait_until
 from vpay import webhooks
 
 pytestmark = pytest.mark.slow
