@@ -353,3 +353,53 @@ def show(conn: psycopg.Connection, some_id: str) -> dict[str, Any] | None:
     return {"payment_intent": intent_view(intent), "charges": [charge_view(c) for c in charges],
             "events": [{"id": e["id"], "type": e["type"], "created": _iso(e["created_at"]),
                         "expired": e["data"].get("expired")} for e in events]}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Why a charge or refund is settled without a status read (table
+    ``settlement_evidence``). ``source`` is ``statement`` (then
+    ``statement_id`` and ``line_no`` name the line) or ``operator`` (``charges
+    resolve``); ``text`` is what a reviewer reads later, never empty."""
+
+    source: str
+    text: str
+    statement_id: str | None = None
+    line_no: int | None = None
+
+
+def settle_with_evidence(conn: psycopg.Connection, charge_id: str, outcome: str, evidence: Evidence, *,
+                         failure_code: str | None = None,
+                         rail_transaction_id: str | None = None) -> Settled:
+    """``settle`` for an outcome proven by something other than a status read
+    (a statement line, an operator's note): the same compare-and-swap, the same
+    one transition and one event, plus one ``settlement_evidence`` row, all in
+    one transaction. ``outcome`` is ``succeeded`` or ``failed``. The evidence is
+    written only when the CAS moved the charge; otherwise the answer is
+    ``settle``'s (a contradiction is alerted there). Raises ``ValueError`` for
+    another outcome or empty evidence, ``LookupError`` for an unknown charge."""
+    kind = _evidence_kind(outcome, evidence)
+    with conn.transaction():
+        result = settle(conn, charge_id, kind, failure_code=failure_code,
+                        rail_transaction_id=rail_transaction_id)
+        if result.transitioned:
+            record_evidence(conn, outcome, evidence, charge_id=charge_id)
+    return result
+
+
+def _evidence_kind(outcome: str, evidence: Evidence) -> StatusKind:
+    if outcome not in ("succeeded", "failed"):
+        raise ValueError(f"outcome must be succeeded or failed, got {outcome!r}")
+    if not isinstance(evidence.text, str) or not evidence.text.strip():
+        raise ValueError("evidence is required")
+    return StatusKind.SUCCEEDED if outcome == "succeeded" else StatusKind.FAILED
+
+
+def record_evidence(conn: psycopg.Connection, outcome: str, evidence: Evidence, *,
+                    charge_id: str | None = None, refund_id: str | None = None) -> None:
+    """Write the ``settlement_evidence`` row of one settlement (exactly one of
+    ``charge_id`` / ``refund_id``). Call inside the settling transaction."""
+    conn.execute(Q["insert_settlement_evidence"], {
+        "charge_id": charge_id, "refund_id": refund_id, "outcome": outcome, "source": evidence.source,
+        "statement_id": evidence.statement_id, "line_no": evidence.line_no,
+        "evidence": evidence.text.strip()})

@@ -284,3 +284,20 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
     with pool.connection() as conn:
         submit(conn, adapter, load_refund(conn, created["id"]))
         return {"refund": refund_view(load_refund(conn, created["id"]))}
+
+
+def settle_refund_with_evidence(conn: psycopg.Connection, refund_id: str, outcome: str,
+                                evidence: money.Evidence, *, failure_code: str | None = None,
+                                rail_transaction_id: str | None = None) -> money.Settled:
+    """``settle_refund`` for an outcome proven by a statement line or an
+    operator (``money.settle_with_evidence``'s twin): the same CAS, one
+    transition, one event, and one ``settlement_evidence`` row when it moved,
+    in one transaction. Raises ``ValueError`` for a bad outcome or empty
+    evidence, ``LookupError`` for an unknown refund."""
+    kind = money._evidence_kind(outcome, evidence)
+    with conn.transaction():
+        result = settle_refund(conn, refund_id, kind, failure_code=failure_code,
+                               rail_transaction_id=rail_transaction_id)
+        if result.transitioned:
+            money.record_evidence(conn, outcome, evidence, refund_id=refund_id)
+    return result

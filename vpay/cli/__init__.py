@@ -14,12 +14,14 @@ import click
 
 from .. import logs
 from .api import api
+from .charges import charges
 from .demo import demo
 from .merchants import merchants
 from .migrate import migrate
 from .payments import payments
 from .refunds import refunds
 from .sandbox import sandbox_rail
+from .statements import statements
 from .webhooks import webhooks
 from .worker import worker
 
@@ -32,7 +34,8 @@ def main(log_level: str) -> None:
     logs.setup(log_level.upper())
 
 
-for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks):
+for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,
+                charges, statements):
     main.add_command(command)
 
 
