@@ -86,8 +86,8 @@ BEGIN
      WHERE c.conrelid = 'alerts'::regclass AND c.conname = 'alerts_kind_check';
     kinds := array(SELECT DISTINCT unnest(kinds || ARRAY['missing_from_statement', 'unknown_rail_transaction']));
     ALTER TABLE alerts DROP CONSTRAINT alerts_kind_check;
-    EXECUTE format('ALTER TABLE alerts ADD CONSTRAINT alerts_kind_check CHECK (kind = ANY (%L::text[]))',
-                   kinds);
+    EXECUTE format('ALTER TABLE alerts ADD CONSTRAINT alerts_kind_check CHECK (kind IN (%s))',
+                   (SELECT string_agg(quote_literal(k), ', ' ORDER BY k) FROM unnest(kinds) AS k));
 END
 $$;
 
