@@ -2,7 +2,7 @@
 statement (docs/flows/statements.md).
 
 ``import FILE --rail mtn|orange [--profile NAME | --map KEY=COLUMN,…]
-[--apply] [--json] [--exceptions-csv PATH]``: a dry run unless ``--apply``.
+[--apply] [--lag-minutes N] [--json] [--exceptions-csv PATH]``: a dry run unless ``--apply``.
 Prints the summary table (counts and amounts per outcome) and the exceptions,
 or the report as JSON; ``--exceptions-csv`` writes the exceptions for an
 accountant. Exit codes: 0 done (exceptions are in the report, not the exit
@@ -38,11 +38,14 @@ def statements() -> None:
                    "currency, status, time, type, reason).")
 @click.option("--apply", is_flag=True, help="Settle what the statement proves and record it "
                                             "[default: dry run, nothing written].")
+@click.option("--lag-minutes", type=click.FloatRange(0, 24 * 60), default=60, show_default=True,
+              help="How far the statement may lag the rail: our successes this close to its last line "
+                   "are not yet expected in it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--exceptions-csv", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the exceptions to this CSV file.")
-def import_(file: Path, rail: str, profile: str | None, mapping: str | None, apply: bool, as_json: bool,
-            exceptions_csv: Path | None) -> None:
+def import_(file: Path, rail: str, profile: str | None, mapping: str | None, apply: bool, lag_minutes: float,
+            as_json: bool, exceptions_csv: Path | None) -> None:
     """Match a statement's lines against our charges and refunds."""
     from ..db import connect
     from ..statements import importer, report
@@ -56,7 +59,8 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
     url, _ = open_db()
     with connect(url) as conn:
         try:
-            result = importer.run(conn, data, rail=rail, profile=chosen, file_name=file.name, apply=apply)
+            result = importer.run(conn, data, rail=rail, profile=chosen, file_name=file.name, apply=apply,
+                                  lag_seconds=lag_minutes * 60)
         except BadFile as exc:
             click.echo(f"vpay: {file.name}: {exc}", err=True)
             sys.exit(1)
