@@ -34,6 +34,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from ..currency import minor_to_major_string
 from ..queries import Q
 from .lines import Line
 
@@ -164,7 +165,7 @@ def _judge(rail: str, line: Line, index, named: dict[str, int]) -> Judgement:
     if not _same_money(line, row):
         j.outcome = "contradiction"
         j.detail = (f"the rail says {line.status_text} {line.amount_text} {line.currency}; "
-                    f"ours: {ours} {row['amount']} {row['currency']} minor units")
+                    f"ours: {ours} {minor_to_major_string(row['amount'], row['currency'])} {row['currency']}")
         j.alert = ("rail_contradiction", _contradiction(j, row, "amount_mismatch",
                                                        f"{rail_says}_other_amount"))
         return j
