@@ -520,6 +520,11 @@ def test_an_orange_statement_names_charges_by_order_id(db, merchant):
     assert {k: v["count"] for k, v in report["summary"].items()} == {"settled": 1, "error": 1}
     assert db.execute("SELECT status, rail_transaction_id FROM charges WHERE id = %s",
                       (charge["id"],)).fetchone() == ("succeeded", "MP2611.3000.A12345")
+    # a later export naming it only by the rail's transaction id
+    later = importer.run(db, b"reference,rail_transaction_id,amount,currency,status,time\r\n"
+                             b"whatever,MP2611.3000.A12345,1500,XOF,SUCCESS,2026-11-30T10:00:00Z\r\n",
+                         rail="orange", profile=profiles.PROFILES["default"], file_name="om2.csv")
+    assert {k: v["count"] for k, v in later["summary"].items()} == {"matched": 1}
     # the same file under the other rail is another statement, naming nothing of that rail's
     other = importer.run(db, data, rail="mtn", profile=profiles.PROFILES["default"], file_name="om.csv")
     assert {k: v["count"] for k, v in other["summary"].items()} == {"unknown_rail_transaction": 1, "error": 1}

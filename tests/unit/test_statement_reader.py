@@ -85,3 +85,16 @@ def test_two_lines_for_one_transaction_refuse_the_file():
     prof = profiles.PROFILES["default"]
     with pytest.raises(BadFile, match="lines 2 and 3 name the same transaction"):
         lines.typed(raw, prof, profiles.resolve(prof, raw.header))
+
+
+def test_a_period_runs_to_the_end_of_its_last_lines_unit():
+    from datetime import datetime, timedelta, timezone
+
+    from vpay.statements.matcher import resolution
+
+    def at(*args):
+        return datetime(*args, tzinfo=timezone.utc)
+    assert resolution([at(2026, 11, 30), at(2026, 11, 29)]) == timedelta(days=1)
+    assert resolution([at(2026, 11, 30, 10, 5), at(2026, 11, 30)]) == timedelta(minutes=1)
+    assert resolution([at(2026, 11, 30, 10, 5, 7), at(2026, 11, 30, 10, 5)]) == timedelta(seconds=1)
+    assert resolution([at(2026, 11, 30, 10, 5, 7, 250_000)]) == timedelta(microseconds=1)

@@ -118,8 +118,11 @@ def _find(line: Line, index) -> tuple[str, dict[str, Any]] | None:
     kinds = (line.kind,) if line.kind else ("charge", "refund")
     for kind in kinds:
         table = index[kind]
-        row = (table["ref"].get(line.reference) or table["ref"].get(line.reference.lower())
-               if line.reference else table["txid"].get(line.rail_transaction_id))
+        row = None
+        if line.reference:
+            row = table["ref"].get(line.reference) or table["ref"].get(line.reference.lower())
+        if row is None and line.rail_transaction_id:  # a settled one, by the id the rail gave us
+            row = table["txid"].get(line.rail_transaction_id)
         if row is not None:
             return kind, row
     return None
@@ -208,15 +211,30 @@ def _contradiction(j: Judgement, row: dict[str, Any], finding: str, rail_says: s
             **({"refund_id": j.refund_id} if j.refund_id else {})}
 
 
+def resolution(times: list[datetime]) -> timedelta:
+    """The finest unit a statement's times carry: a day when every time is
+    midnight, a minute when no time has seconds, a second when none has a
+    fraction, else a microsecond. The period runs to the end of its last
+    line's unit: a statement written to the second covers that whole second."""
+    if all(t.microsecond == 0 for t in times):
+        if all(t.second == 0 for t in times):
+            if all(t.minute == 0 and t.hour == 0 for t in times):
+                return timedelta(days=1)
+            return timedelta(minutes=1)
+        return timedelta(seconds=1)
+    return timedelta(microseconds=1)
+
+
 def _absent(conn: psycopg.Connection, rail: str, result: Plan, named: dict[str, int],
             lag_seconds: float) -> None:
-    cutoff = result.period_end - timedelta(seconds=lag_seconds)
+    times = [j.line.time for j in result.judgements if j.line.time is not None]
+    end = result.period_end + resolution(times) - timedelta(microseconds=1)
+    cutoff = end - timedelta(seconds=lag_seconds)
     with conn.cursor(row_factory=dict_row) as cur:
         for kind, query in (("charge", "charge_successes_in_period"), ("refund", "refund_successes_in_period")):
             if kind not in result.kinds:
                 continue
-            rows = cur.execute(Q[query], {"rail": rail, "start": result.period_start,
-                                          "end": result.period_end}).fetchall()
+            rows = cur.execute(Q[query], {"rail": rail, "start": result.period_start, "end": end}).fetchall()
             for row in rows:
                 if row["id"] in named:
                     continue
