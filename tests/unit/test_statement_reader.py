@@ -98,3 +98,29 @@ def test_a_period_runs_to_the_end_of_its_last_lines_unit():
     assert resolution([at(2026, 11, 30, 10, 5), at(2026, 11, 30)]) == timedelta(minutes=1)
     assert resolution([at(2026, 11, 30, 10, 5, 7), at(2026, 11, 30, 10, 5)]) == timedelta(seconds=1)
     assert resolution([at(2026, 11, 30, 10, 5, 7, 250_000)]) == timedelta(microseconds=1)
+
+
+def test_an_excel_workbook_is_read_like_its_csv(tmp_path):
+    from datetime import datetime
+
+    import openpyxl
+    book = openpyxl.Workbook()
+    sheet = book.active
+    sheet.append(["reference", "amount", "currency", "status", "time", None])
+    sheet.append(["a", 10.5, "EUR", "SUCCESSFUL", datetime(2026, 11, 30, 10, 5)])
+    sheet.append([None, None, None])
+    sheet.append(["b", 1500, "XAF", "FAILED", "2026-11-30T10:06:00Z"])
+    sheet.append(["c", 10.499999999, "EUR", "SUCCESSFUL", "2026-11-30T10:07:00Z"])
+    path = tmp_path / "statement.xlsx"
+    book.save(path)
+    raw = reader.read(path.read_bytes())
+    assert raw.header == ["reference", "amount", "currency", "status", "time"]
+    assert raw.rows == [(2, ["a", "10.5", "EUR", "SUCCESSFUL", "2026-11-30T10:05:00"]),
+                        (4, ["b", "1500", "XAF", "FAILED", "2026-11-30T10:06:00Z"]),
+                        (5, ["c", "10.499999999", "EUR", "SUCCESSFUL", "2026-11-30T10:07:00Z"])]
+    prof = profiles.PROFILES["default"]
+    got = lines.typed(raw, prof, profiles.resolve(prof, raw.header))
+    assert [(l.amount, l.error) for l in got] == [
+        (1050, None), (1500, None), (None, "unreadable amount '10.499999999' for EUR")]
+    with pytest.raises(BadFile, match="not a readable .xlsx"):
+        reader.read(path.read_bytes()[:2000])  # a truncated download
