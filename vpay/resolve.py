@@ -72,10 +72,12 @@ def resolve_charge(conn: psycopg.Connection, charge_id: str, outcome: str, evide
 def list_charges(conn: psycopg.Connection, status: str, older_than_seconds: float = 0.0,
                  limit: int = 1000) -> list[dict[str, Any]]:
     """Charges in ``status`` created at least ``older_than_seconds`` ago (by
-    the database's clock), oldest first, with their age and open alerts."""
+    the database's clock), oldest first, with their age (seconds), open
+    alerts, and their poll job's ``next_poll`` and ``last_error`` (what the
+    rail last answered; ``None`` without a poll job)."""
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(Q["list_charges_by_status"], {"status": status, "older_than": older_than_seconds,
                                                          "limit": limit}).fetchall()
-    times = ("created_at", "unresolved_at", "last_polled_at")
+    times = ("created_at", "unresolved_at", "last_polled_at", "next_poll")
     return [{**{k: v for k, v in r.items() if k not in times},
              **{k: r[k].isoformat() if r[k] else None for k in times}} for r in rows]

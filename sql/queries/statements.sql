@@ -87,8 +87,10 @@ SELECT * FROM statement_lines
 SELECT c.id, c.payment_intent_id, c.rail, c.rail_reference, c.payer, c.amount, c.currency, c.status,
        c.created_at, c.unresolved_at, c.last_polled_at,
        EXTRACT(EPOCH FROM now() - c.created_at)::float8 AS age_seconds,
-       (SELECT count(*) FROM alerts a WHERE a.charge_id = c.id AND a.acknowledged_at IS NULL) AS open_alerts
-  FROM charges c
+       (SELECT count(*) FROM alerts a WHERE a.charge_id = c.id AND a.acknowledged_at IS NULL) AS open_alerts,
+       -- a dead-lettered poll (run_at infinity) has no next read
+       nullif(j.run_at, 'infinity') AS next_poll, j.run_at = 'infinity' AS poll_dead, j.last_error
+  FROM charges c LEFT JOIN jobs j ON j.dedupe_key = 'poll:' || c.id
  WHERE c.status = %(status)s
    AND c.created_at <= now() - make_interval(secs => %(older_than)s)
  ORDER BY c.created_at, c.id

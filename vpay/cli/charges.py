@@ -1,7 +1,8 @@
 """``vpay-server charges list|resolve``: the unresolved-charges runbook's steps.
 
 ``list [--status unresolved] [--older-than 24h] [--json]``: charges in a
-status, oldest first, with their age and open alerts.
+status, oldest first, with their age, open alerts, next poll and what the
+rail last answered.
 
 ``resolve ch_… --outcome succeeded|failed --evidence TEXT [--json]``: only a
 charge that is ``unresolved``, or ``pending`` with an open alert; the
@@ -18,11 +19,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 
 import click
 
-from .common import open_db
+from .common import fail, open_db
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -60,12 +60,13 @@ def list_(status: str, older_than: str, limit: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'charge':<28} {'rail':<6} {'rail_reference':<36} {'amount':>14} {'age':>8} {'alerts':>6}")
+    click.echo(f"{'charge':<28} {'rail':<6} {'rail_reference':<36} {'amount':>14} {'age':>8} {'alerts':>6}  "
+               f"{'next poll':<25} last error")
     for r in rows:
         amount = f"{minor_to_major_string(r['amount'], r['currency'])} {r['currency']}"
         age = f"{r['age_seconds'] / 3600:.1f}h"
         click.echo(f"{r['id']:<28} {r['rail']:<6} {r['rail_reference']:<36} {amount:>14} {age:>8} "
-                   f"{r['open_alerts']:>6}")
+                   f"{r['open_alerts']:>6}  {('dead-lettered' if r['poll_dead'] else r['next_poll'] or '-')[:25]:<25} {r['last_error'] or ''}")
 
 
 @charges.command("resolve")
@@ -85,8 +86,7 @@ def resolve(charge_id: str, outcome: str, evidence: str, as_json: bool) -> None:
         except Refused as exc:
             if exc.code == "bad_evidence":
                 raise click.BadParameter(str(exc), param_hint="--evidence") from None
-            click.echo(f"vpay: {exc}", err=True)
-            sys.exit(1)
+            fail(str(exc))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

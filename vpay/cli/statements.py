@@ -15,12 +15,11 @@ unreachable, 78 configuration refused.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
-from .common import open_db
+from .common import fail, open_db
 
 
 @click.group()
@@ -62,8 +61,7 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
             result = importer.run(conn, data, rail=rail, profile=chosen, file_name=file.name, apply=apply,
                                   lag_seconds=lag_minutes * 60)
         except BadFile as exc:
-            click.echo(f"vpay: {file.name}: {exc}", err=True)
-            sys.exit(1)
+            fail(f"{file.name}: {exc}")
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(result))
     click.echo(json.dumps(result, indent=2) if as_json else report.render(result))
@@ -102,8 +100,7 @@ def show(statement_id: str, as_json: bool, exceptions_csv: Path | None) -> None:
     with connect(url) as conn:
         found = importer.show(conn, statement_id)
     if found is None:
-        click.echo(f"vpay: no statement {statement_id!r}", err=True)
-        sys.exit(1)
+        fail(f"no statement {statement_id!r}")
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(found))
     click.echo(json.dumps(found, indent=2) if as_json else report.render(found))
