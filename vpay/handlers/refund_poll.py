@@ -57,7 +57,7 @@ def refund_poll(job, ctx):
             return Done()
     if answer.kind is StatusKind.NOT_FOUND and refund["submitted_at"] is None:
         with ctx.pool.connection() as conn:
-            sent = refunds.submit(conn, rail, refund)
+            sent = refunds.submit(conn, rail, refund, resend=True)
         if sent.kind is SubmitKind.REJECTED:
             return Done("refund rejected on re-send")
         log.info("refund re-sent after a 404", extra={"refund_id": refund_id,
