@@ -11,9 +11,17 @@ authenticated status read moves money; callbacks only pull it forward.
   to ``unresolved`` and polled every hour from then on, for ever.
 * A charge already terminal gets one verification read: a rail reporting the
   opposite raises a ``rail_contradiction`` alert and changes nothing.
-* A SUCCESSFUL answer whose amount or currency is not the charge's settles
-  nothing: one ``rail_contradiction`` alert (``where: amount_mismatch``), and
-  the charge keeps its ladder (and its 24-hour escalation).
+* A terminal answer that does not agree with the charge settles nothing: one
+  ``rail_contradiction`` alert, and the charge keeps its ladder (and its
+  24-hour escalation). Disagreeing is another amount or currency (``where:
+  amount_mismatch``) or, since unreadable is not unreported, any field
+  present but unreadable (``where: unreadable_answer``,
+  ``RailStatus.disagreement``).
+* Configuration is not a decline (docs/flows/reconciler.md): a status read
+  refused for our configuration raises one ``rail_misconfigured`` alert per
+  rail and code and keeps the charge pending on its ladder (it says nothing
+  about the payer); a FAILED whose reason blames our configuration ends the
+  charge as ``rail_configuration_refused``, with the alert.
 * 404 for a charge the rail never confirmed → ``resubmit:<charge_id>``; for a
   confirmed one it is "no answer".
 """
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import logging
 
-from .. import money, queue, testhooks
+from .. import misconfiguration, money, queue, testhooks
 from ..outcome import DeadLetter, Done, RetryAfter
 from ..rails.port import StatusKind
 from .registry import register
@@ -63,15 +71,29 @@ def poll(job, ctx):
     rail_knows = answer.kind in (StatusKind.PENDING, StatusKind.SUCCEEDED, StatusKind.FAILED)
     with ctx.pool.connection() as conn:
         money.record_poll(conn, charge_id, rail_knows)
-        if answer.kind is StatusKind.SUCCEEDED and not _same_money(charge, answer):
-            # Money moved, but not this charge's money: a human reconciles it.
-            money.note_contradiction(conn, charge_id, charge["status"], None, "succeeded_other_amount",
-                                     f"{answer.amount} {answer.currency}", where="amount_mismatch")
+        if answer.kind is StatusKind.MISCONFIGURED:
+            misconfiguration.alert(conn, charge["rail"], answer.reason, operation="status",
+                                   http_status=answer.http_status, charge_id=charge_id,
+                                   effect="kept_pending")
+            return _next_rung(conn, ctx, job, charge, answer)
+        why = answer.disagreement(charge["amount"], charge["currency"])
+        if why:
+            # Not this charge's money, or not readable as it: a human reconciles it.
+            rail_says, rail_reason, where = contradiction_details(answer, why)
+            money.note_contradiction(conn, charge_id, charge["status"], None, rail_says, rail_reason,
+                                     where=where)
             return _next_rung(conn, ctx, job, charge, answer)
         if answer.terminal:
             testhooks.pause("before_settle_commit")
-            money.settle(conn, charge_id, answer.kind, failure_code=answer.reason,
-                         rail_transaction_id=answer.financial_transaction_id)
+            if answer.configuration:
+                with conn.transaction():  # the alert and the failure together, or neither
+                    misconfiguration.alert(conn, charge["rail"], answer.reason, operation="status",
+                                           http_status=answer.http_status, charge_id=charge_id,
+                                           effect="failed")
+                    money.settle(conn, charge_id, answer.kind, failure_code=misconfiguration.FAILURE_CODE)
+            else:
+                money.settle(conn, charge_id, answer.kind, failure_code=answer.reason,
+                             rail_transaction_id=answer.financial_transaction_id)
             testhooks.pause("after_settle_commit")
             return Done()
         if answer.kind is StatusKind.NOT_FOUND and charge["submitted_at"] is None and not rail_knows:
@@ -102,12 +124,18 @@ def _next_rung(conn, ctx, job, charge, answer) -> RetryAfter:
     return RetryAfter(delay, note)
 
 
-def _same_money(charge, answer) -> bool:
-    """A success settles only when the rail's amount and currency, where it
-    reports them, are the charge's (minor units, ISO 4217)."""
-    if answer.currency is not None and answer.currency != charge["currency"]:
-        return False
-    return answer.amount is None or answer.amount == charge["amount"]
+def contradiction_details(answer, why: str) -> tuple[str, str, str]:
+    """``(rail_says, rail_reason, where)`` of the contradiction alert for a
+    terminal answer that disagrees (``RailStatus.disagreement`` → ``why``):
+    ``succeeded_other_amount`` with ``"<minor units> <currency>"`` and
+    ``where: amount_mismatch``; or ``succeeded_unreadable`` /
+    ``failed_unreadable`` with the unreadable field names and ``where:
+    unreadable_answer``. One open alert per charge (or refund) and
+    ``rail_says`` (sql/0007_one_open_contradiction.sql)."""
+    said = answer.kind.value
+    if why == "unreadable":
+        return f"{said}_unreadable", ",".join(answer.unreadable), "unreadable_answer"
+    return f"{said}_other_amount", f"{answer.amount} {answer.currency}", "amount_mismatch"
 
 
 def _verify_settled(ctx, charge, answer) -> Done:
@@ -119,6 +147,10 @@ def _verify_settled(ctx, charge, answer) -> Done:
         # Stamped, so the callback route's 10 s rule also spaces these reads.
         money.record_poll(conn, charge["id"], rail_knows=answer.kind in (
             StatusKind.PENDING, StatusKind.SUCCEEDED, StatusKind.FAILED))
+        if answer.kind is StatusKind.MISCONFIGURED:
+            misconfiguration.alert(conn, charge["rail"], answer.reason, operation="status",
+                                   http_status=answer.http_status, charge_id=charge["id"],
+                                   effect="none")
         if answer.terminal:
             theirs = "succeeded" if answer.kind is StatusKind.SUCCEEDED else "failed"
             if theirs != ours:

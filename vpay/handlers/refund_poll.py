@@ -2,7 +2,14 @@
 ladder (docs/flows/refunds.md; the charge's rules from the design page, "The
 poll ladder" and "Timers assert nothing").
 
-* Terminal answer → ``refunds.settle_refund`` (one event) → ``Done``.
+* Terminal answer → ``refunds.settle_refund`` (one event) → ``Done``; but a
+  terminal answer for another amount or currency, or with a field present but
+  unreadable, settles nothing: one ``rail_contradiction`` alert, the ladder
+  goes on (as for a charge, ``vpay.handlers.poll``).
+* Refused for our configuration: a status read → one ``rail_misconfigured``
+  alert, the refund stays pending on its ladder; a FAILED blaming our
+  configuration → ``rail_configuration_refused`` with the alert; a re-send
+  refused that way → the alert, the refund stays pending.
 * Pending or no answer (5xx, timeout, refused) → ``RetryAfter(poll_delay)``;
   never a decline.
 * 404 for a refund the rail never confirmed (``submitted_at`` NULL): the
@@ -20,11 +27,11 @@ from __future__ import annotations
 
 import logging
 
-from .. import refunds, testhooks
+from .. import misconfiguration, refunds, testhooks
 from ..outcome import DeadLetter, Done, RetryAfter
 from ..rails.port import StatusKind, SubmitKind
 from .registry import register
-from .poll import UNRESOLVED_EVERY, poll_delay
+from .poll import UNRESOLVED_EVERY, contradiction_details, poll_delay
 
 log = logging.getLogger("vpay.handlers.refund_poll")
 
@@ -50,10 +57,28 @@ def refund_poll(job, ctx):
     rail_knows = answer.kind in (StatusKind.PENDING, StatusKind.SUCCEEDED, StatusKind.FAILED)
     with ctx.pool.connection() as conn:
         refunds.record_poll(conn, refund_id, rail_knows)
+        if answer.kind is StatusKind.MISCONFIGURED:
+            misconfiguration.alert(conn, refund["rail"], answer.reason, operation="refund_status",
+                                   http_status=answer.http_status, charge_id=refund["charge_id"],
+                                   refund_id=refund_id, effect="kept_pending")
+            return _next_rung(conn, ctx, job, refund, answer)
+        why = answer.disagreement(refund["amount"], refund["currency"])
+        if why:
+            rail_says, rail_reason, where = contradiction_details(answer, why)
+            refunds.note_contradiction(conn, refund, rail_says, rail_reason, where=where)
+            return _next_rung(conn, ctx, job, refund, answer)
         if answer.terminal:
             testhooks.pause("before_refund_settle_commit")
-            refunds.settle_refund(conn, refund_id, answer.kind, failure_code=answer.reason,
-                                  rail_transaction_id=answer.financial_transaction_id)
+            if answer.configuration:
+                with conn.transaction():  # the alert and the failure together, or neither
+                    misconfiguration.alert(conn, refund["rail"], answer.reason, operation="refund_status",
+                                           http_status=answer.http_status, charge_id=refund["charge_id"],
+                                           refund_id=refund_id, effect="failed")
+                    refunds.settle_refund(conn, refund_id, answer.kind,
+                                          failure_code=misconfiguration.FAILURE_CODE)
+            else:
+                refunds.settle_refund(conn, refund_id, answer.kind, failure_code=answer.reason,
+                                      rail_transaction_id=answer.financial_transaction_id)
             return Done()
     if answer.kind is StatusKind.NOT_FOUND and refund["submitted_at"] is None:
         with ctx.pool.connection() as conn:
