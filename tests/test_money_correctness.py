@@ -199,7 +199,7 @@ def test_a_failed_status_that_blames_our_configuration_ends_as_configuration_wit
     assert [t for t, _ in events] == ["payment_intent.processing", "payment_intent.payment_failed"]
     assert events[1][1]["failure_kind"] == "configuration"
     assert [(k, c, d["code"], d["operation"], d["effect"]) for k, c, _, d in _alerts(db)] == [
-        ("rail_misconfigured", charge_id, CONFIG_REASONS[payer], "status", "failed")]
+        ("rail_misconfigured", charge_id, CONFIG_REASONS[payer], "charge_status", "failed")]
 
 
 def test_a_status_read_refused_for_our_configuration_keeps_the_charge_pending_until_it_is_fixed(
@@ -218,7 +218,7 @@ def test_a_status_read_refused_for_our_configuration_keeps_the_charge_pending_un
     assert _live_poll(db, f"poll:{charge_id}")
     assert [t for t, _ in _events(db, intent_id)] == ["payment_intent.processing"]
     assert [(k, d["code"], d["operation"], d["effect"]) for k, _, _, d in _alerts(db)] == [
-        ("rail_misconfigured", "NOT_ALLOWED_TARGET_ENVIRONMENT", "status", "kept_pending")]
+        ("rail_misconfigured", "NOT_ALLOWED_TARGET_ENVIRONMENT", "charge_status", "kept_pending")]
     # fixed: the same charge settles, nothing was lost
     _worker(spawn, db_url, good)
     with TimeMachine(db_url):

@@ -59,7 +59,7 @@ def alert(conn: psycopg.Connection, rail: str, code: str | None, *, operation: s
     """Raise the ``rail_misconfigured`` alert for ``rail`` (``mtn``,
     ``orange``) and the rail's ``code`` (e.g. ``INVALID_CALLBACK_URL_HOST``,
     ``LOGIN_FAILED``; ``HTTP_<status>`` when the rail gave none).
-    ``operation`` names the call (``request_to_pay``, ``status``,
+    ``operation`` names the call (``request_to_pay``, ``charge_status``,
     ``refund``, ``refund_status``); ``effect`` what it did to the payment
     (``failed``, ``kept_pending``). One open alert per (rail, code): answers
     whether this call wrote it. Never raises for a duplicate."""

@@ -51,7 +51,7 @@ def resubmit(job, ctx):
         if status.kind is StatusKind.NO_ANSWER:
             return RetryAfter(resubmit_delay(job.attempts + 1), f"status: {status.detail}")
         if status.kind is StatusKind.MISCONFIGURED:
-            misconfiguration.alert(conn, charge["rail"], status.reason, operation="status",
+            misconfiguration.alert(conn, charge["rail"], status.reason, operation="charge_status",
                                    http_status=status.http_status, charge_id=charge_id,
                                    effect="kept_pending")
             return Done(f"status read refused for our configuration ({status.reason}); the poll carries on")
