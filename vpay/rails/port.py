@@ -77,7 +77,7 @@ class SubmitKind(enum.Enum):
     ACCEPTED = "accepted"          # the rail holds the request (MoMo 202, or 409 on a resend)
     REJECTED = "rejected"          # the rail refused it for good (payer not found, bad request, ...)
     MISCONFIGURED = "misconfigured"  # refused because OUR configuration is wrong (see below)
-    NO_ANSWER = "no_answer"        # timeout, connection refused, 5xx, a token 401 before a refresh: we do not know
+    NO_ANSWER = "no_answer"        # timeout, connection refused, 5xx, a 401 before a token refresh: we do not know
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,9 @@ class Rail(Protocol):
     """One mobile-money rail. Adapters live one per file in ``vpay/rails/``.
 
     Implementations must never raise for a rail's answer (timeouts, 5xx and
-    malformed bodies are ``NO_ANSWER``), must bound the time one call can
+    malformed bodies are ``NO_ANSWER``; answers that blame our configuration
+    are ``MISCONFIGURED``; fields present but unreadable are listed in
+    ``RailStatus.unreadable``, never dropped), must bound the time one call can
     take (explicit connect/read timeouts, bounded transport retries), and must
     never put a credential in a log line or an exception text.
     """
@@ -215,8 +217,9 @@ class Rail(Protocol):
     def refund(self, refund: "RefundRequest") -> Submit:
         """Give back all or part of a collected payment. Safe to repeat with
         the same ``refund.rail_reference`` (a resend is ACCEPTED). ``REJECTED``
-        only when the rail refused it for good; 5xx, timeouts and 401 are
-        ``NO_ANSWER``."""
+        only when the rail refused it for good; ``MISCONFIGURED`` when it
+        refused our configuration; 5xx, timeouts and a 401 before a token
+        refresh are ``NO_ANSWER``."""
         ...
 
     def refund_status(self, refund: "RefundRequest") -> RailStatus:
