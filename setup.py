@@ -22,6 +22,7 @@ setup(
         "falcon>=3.1",
         "gunicorn>=22",
         "standardwebhooks>=1.0",
+        "prometheus_client>=0.20",
     ],
     extras_require={
         "test": [

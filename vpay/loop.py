@@ -36,7 +36,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from . import handlers, queue
+from . import handlers, logs, metrics, queue
 from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
 from .sdnotify import Notifier, watchdog_interval
 from .signals import Drain, ShutdownSignals
@@ -79,6 +79,7 @@ class Gauge:
         with self._lock:
             for name, n in counts.items():
                 setattr(self, name, getattr(self, name) + n)
+        metrics.leases(**counts)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -141,10 +142,12 @@ class Worker:
                 self._stopping.wait(self.config.idle_sleep)
                 continue
             self.gauge.add(claimed=1)
+            metrics.job_claimed(job)
             with self._inflight_lock:
                 self._inflight[job.lease_token] = job
             try:
-                self._run(job)
+                with logs.job_context(job, self.config.worker_id):
+                    self._run(job)
             finally:
                 with self._inflight_lock:
                     self._inflight.pop(job.lease_token, None)
@@ -175,7 +178,9 @@ class Worker:
             # the failure and parks the job after MAX_FAILURES.
             log.error("could not record the job's outcome; its lease will be reaped",
                       extra=self._job_extra(job, error=f"{type(exc).__name__}: {exc}"[:300]))
+            metrics.job_finished(job, outcome, None, elapsed)
             return
+        metrics.job_finished(job, outcome, kept, elapsed)
         if not kept:
             self.gauge.add(lost=1)
             log.warning("lease lost: the outcome was discarded", extra=self._job_extra(

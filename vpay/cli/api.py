@@ -31,6 +31,8 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     503. The database is not contacted at start: /healthz answers 503 until it
     is reachable."""
     from .. import logs
+    from ..api.exposition import prepare
+    prepare()  # before anything imports prometheus_client: GET /metrics sums every worker
     from ..rails import KNOWN_RAILS, build_rail
     from ..rails.port import RailError
     from ..settings import ConfigError, Settings
@@ -65,4 +67,5 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
 
     ApiServer(app_factory, {"bind": [bind], "workers": workers, "threads": threads,
                             "timeout": timeout,
-                            "loglevel": logging.getLevelName(logging.getLogger().level).lower()}).run()
+                            "loglevel": logging.getLevelName(logging.getLogger().level).lower()},
+              metrics=True).run()

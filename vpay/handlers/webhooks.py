@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from psycopg.rows import dict_row
 
-from .. import webhooks
+from .. import metrics, webhooks
 from ..outcome import DeadLetter, Done, RetryAfter
 from ..queries import Q
 from .registry import register
@@ -75,6 +75,7 @@ def deliver(job, ctx):
     attempt = webhooks.post(row["url"], body, headers, connect_timeout=connect_timeout,
                             read_timeout=read_timeout, allow_private=webhooks.allow_private())
     decision = webhooks.decide(attempt, job.attempts)
+    metrics.webhook_attempt(decision.action)
     fields |= {"status_code": attempt.status_code, "seconds": round(attempt.elapsed, 3),
                "result": attempt.summary, "address": attempt.address}
 
