@@ -31,6 +31,7 @@ setup(
             "responses>=0.25",
             "hypothesis>=6.100",
             "pytest-timeout>=2.2",
+            "pyyaml>=6",
         ],
     },
     entry_points={
