@@ -228,3 +228,15 @@ def test_systemd_analyze_verify(tmp_path):
     markers = [str(tmp_path), *names, "vpay-worker@.service"]
     ours = [line for line in output.splitlines() if any(m in line for m in markers)]
     assert proc.returncode == 0 and not ours, f"systemd-analyze verify (exit {proc.returncode}):\n{output}"
+
+
+def test_each_worker_replica_gets_its_own_metrics_port():
+    # systemd accumulates Environment= lines; read them all, not configparser's last one
+    lines = [l.partition("=")[2] for l in WORKER.read_text().splitlines() if l.startswith("Environment=")]
+    assignments = dict(a.split("=", 1) for line in lines for a in shlex.split(line))
+    assert assignments["VPAY_METRICS_PORT"] == "910%i"
+    for n in range(1, 10):
+        assert 1024 < int(assignments["VPAY_METRICS_PORT"].replace("%i", str(n))) < 65536
+    assert "--metrics-port" not in exec_start_argv(load_unit(WORKER))  # the flag would beat a drop-in
+    env_lines = [l for l in ENV_EXAMPLE.read_text().splitlines() if not l.startswith("#")]
+    assert not any(l.startswith("VPAY_METRICS_PORT") for l in env_lines)  # one port for every replica
