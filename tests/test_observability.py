@@ -238,3 +238,32 @@ def test_api_metrics_are_not_served_through_a_proxy_nor_in_the_openapi_document(
                         timeout=5).status_code == 404
     doc = requests.get(f"{stack.url}/openapi.json", timeout=5).json()
     assert "/metrics" not in doc["paths"]
+
+
+def test_the_api_removes_its_metrics_directory_at_exit_and_one_a_killed_api_left(db_url, spawn):
+    import tempfile
+
+    from api_support import mtn_env
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = Path(tempfile.gettempdir()) / f"vpay-api-metrics-{gone.pid}-left"
+    orphan.mkdir()
+    (orphan / "counter_1.db").write_bytes(b"\0" * 8)
+    with SandboxRail() as rail:
+        port = free_port()
+        api = spawn("vpay-server", "api", "--bind", f"127.0.0.1:{port}", "--workers", "1",
+                    env=base_env(db_url, **mtn_env(rail, port)))
+        path = Path(api.wait_for_log("api metrics directory")["path"])
+        def serving():
+            assert api.popen.poll() is None, api.text()
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).ok
+            except requests.ConnectionError:
+                return False
+        wait_until(serving, timeout=30, what="the API to serve /metrics")
+        assert path.is_dir() and path.name.startswith(f"vpay-api-metrics-{api.pid}-")
+        assert oct(path.stat().st_mode & 0o777) == "0o700"
+        assert not orphan.exists()
+        api.signal(signal.SIGTERM)
+        assert api.wait(30) == 0
+    assert not path.exists()

@@ -9,7 +9,8 @@ counted by another worker (or by one gunicorn has since replaced) is missed.
 * ``prepare()`` makes a private directory (``mkdtemp``, mode 0700) and
   sets the variable. ``vpay-server api`` calls it first thing, before
   anything imports ``vpay.metrics``: the library chooses its value store
-  when it is imported. The directory is removed when the arbiter exits.
+  when it is imported. The directory is removed when the arbiter exits;
+  one left by an arbiter that was killed is removed by the next start.
 * ``child_exit`` (gunicorn's hook, in the arbiter) calls
   ``mark_process_dead`` for a worker that exited, so its live gauges (if
   any are ever added) stop counting; its counters stay in the sums.
@@ -29,6 +30,7 @@ worker's (docs/observability.md).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import sys
@@ -37,6 +39,38 @@ from typing import Callable, Iterable
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 PATH = "/metrics"
+PREFIX = "vpay-api-metrics-"
+"""Directory names are ``PREFIX<pid of the arbiter>-<random>``."""
+
+log = logging.getLogger("vpay.api.exposition")
+
+
+def _remove_orphans() -> None:
+    """Remove the directories of API processes that died without cleaning up
+    (SIGKILL, a crash): their arbiter's pid no longer exists. Only our own
+    prefix in the temporary directory, and only directories we can remove."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX):].partition("-")[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def prepare() -> str:
@@ -50,9 +84,11 @@ def prepare() -> str:
     if "prometheus_client.values" in sys.modules:
         raise RuntimeError("prometheus_client was imported before the multiprocess directory "
                            "was set; vpay.api.exposition.prepare() must run first")
-    path = tempfile.mkdtemp(prefix="vpay-api-metrics-")
-    os.environ[ENV] = path
     owner = os.getpid()
+    _remove_orphans()
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{owner}-")
+    os.environ[ENV] = path
+    log.info("api metrics directory", extra={"path": path})
 
     def remove() -> None:
         if os.getpid() == owner:

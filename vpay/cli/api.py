@@ -31,6 +31,7 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     503. The database is not contacted at start: /healthz answers 503 until it
     is reachable."""
     from .. import logs
+    logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
     from ..api.exposition import prepare
     prepare()  # before anything imports prometheus_client: GET /metrics sums every worker
     from ..rails import KNOWN_RAILS, build_rail
@@ -39,7 +40,6 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     from ..api.app import POOL_MAX, create_app
     from ..api.server import ApiServer
 
-    logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
     if not 1 <= threads <= POOL_MAX or workers < 1 or timeout < 1:
         refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers and --timeout >= 1")
     try:
