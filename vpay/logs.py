@@ -35,8 +35,7 @@ def job_fields(job: Any, worker_id: str) -> dict[str, Any]:
     ``refund_id``, ``event_id``, ``endpoint_id``) that it has."""
     payload = job.payload if isinstance(job.payload, Mapping) else {}
     fields = {"worker_id": worker_id, "job_id": job.id, "kind": job.kind,
-              # TODO(lanes): job.lane once jobs.lane has landed on main.
-              "lane": getattr(job, "lane", "default"), "dedupe_key": job.dedupe_key}
+              "lane": job.lane, "dedupe_key": job.dedupe_key}
     fields.update({k: payload[k] for k in PAYLOAD_IDS if isinstance(payload.get(k), (str, int))})
     return fields
 

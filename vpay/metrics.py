@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 
+from .lanes import LANES
+
 log = logging.getLogger("vpay.metrics")
 
 # ``_created`` samples double every counter's series for no operator value.
@@ -76,8 +78,8 @@ LEASES_REAPED = Counter(
     "vpay_leases_reaped", "Expired leases this process reaped (a worker died holding them).",
     registry=REGISTRY)
 WEBHOOK_ATTEMPTS = Counter(
-    "vpay_webhook_attempts", "Webhook delivery attempts (signed POSTs), by result "
-    "(delivered, retry, gone, give_up).", ["result"], registry=REGISTRY)
+    "vpay_webhook_attempts", "Webhook delivery attempts, by result (delivered, retry, gone, "
+    "give_up; held: the URL policy refused the endpoint's URL).", ["result"], registry=REGISTRY)
 API_REQUESTS = Counter(
     "vpay_api_requests", "HTTP requests the API answered, by method, route template and "
     "status code.", ["method", "route", "status"], registry=REGISTRY)
@@ -87,11 +89,6 @@ API_SECONDS = Histogram(
 
 POLL_KINDS = frozenset({"poll", "refund_poll"})
 """Job kinds whose work is a status read: their lateness is observed."""
-
-
-def _lane(job: Any) -> str:
-    # TODO(lanes): job.lane once jobs.lane has landed on main.
-    return getattr(job, "lane", "default")
 
 
 # --- the worker's loop --------------------------------------------------------
@@ -105,7 +102,7 @@ def job_claimed(job: Any) -> None:
     ``now()``; with both on NTP the skew is milliseconds, far below the
     alert's 5 s threshold (docs/observability.md)."""
     if job.kind in POLL_KINDS:
-        POLL_LATENESS.labels(_lane(job)).observe(max(0.0, time.time() - job.run_at.timestamp()))
+        POLL_LATENESS.labels(job.lane).observe(max(0.0, time.time() - job.run_at.timestamp()))
 
 
 def outcome_label(outcome: Any, kept: bool | None) -> str:
@@ -124,9 +121,8 @@ def outcome_label(outcome: Any, kept: bool | None) -> str:
 
 def job_finished(job: Any, outcome: Any, kept: bool | None, seconds: float) -> None:
     """Count one handled job and its handler's ``seconds``."""
-    lane = _lane(job)
-    JOBS.labels(job.kind, lane, outcome_label(outcome, kept)).inc()
-    JOB_SECONDS.labels(job.kind, lane).observe(max(0.0, seconds))
+    JOBS.labels(job.kind, job.lane, outcome_label(outcome, kept)).inc()
+    JOB_SECONDS.labels(job.kind, job.lane).observe(max(0.0, seconds))
 
 
 def leases(lost: int = 0, reaped: int = 0, **_other: int) -> None:
@@ -201,8 +197,6 @@ CACHE_SECONDS = 5.0
 STATEMENT_TIMEOUT_MS = 2000
 """The snapshot query's bound; past it the scrape reports vpay_database_up 0."""
 
-LANES = ("mtn", "orange", "webhooks", "housekeeping")
-"""The lanes (HELPERS/contract "Lanes"), reported as 0 when they hold no job."""
 KNOWN_STATES = ("due", "leased", "dead")
 CHARGE_STATUSES = ("pending", "succeeded", "failed", "unresolved")
 ALERT_KINDS = ("charge_unresolved", "rail_contradiction", "job_dead_lettered", "refund_unresolved",

@@ -148,8 +148,14 @@ def test_the_two_worker_templates_differ_only_in_what_names_the_instance():
     def body(path):
         service = dict(load_unit(path)["Service"])
         service.pop("ExecStart")
+        service.pop("Environment")  # all its lines compared below
         return service
     assert body(WORKER) == body(LANES_WORKER)
+    # the one intended difference: a numbered replica's metrics port (910%i);
+    # a lane-set instance has no number to derive one from
+    numbered = environment(WORKER)
+    assert numbered.pop("VPAY_METRICS_PORT") == "910%i"
+    assert numbered == environment(LANES_WORKER)
     assert load_unit(WORKER)["Install"] == load_unit(LANES_WORKER)["Install"]
     plain = exec_start_argv(load_unit(WORKER))
     lanes = exec_start_argv(load_unit(LANES_WORKER))
@@ -260,10 +266,15 @@ def test_systemd_analyze_verify(tmp_path):
     assert proc.returncode == 0 and not ours, f"systemd-analyze verify (exit {proc.returncode}):\n{output}"
 
 
+def environment(path: Path) -> dict[str, str]:
+    """Every ``Environment=`` assignment of a unit: systemd accumulates the
+    lines, configparser would keep only the last."""
+    lines = [l.partition("=")[2] for l in path.read_text().splitlines() if l.startswith("Environment=")]
+    return dict(a.split("=", 1) for line in lines for a in shlex.split(line))
+
+
 def test_each_worker_replica_gets_its_own_metrics_port():
-    # systemd accumulates Environment= lines; read them all, not configparser's last one
-    lines = [l.partition("=")[2] for l in WORKER.read_text().splitlines() if l.startswith("Environment=")]
-    assignments = dict(a.split("=", 1) for line in lines for a in shlex.split(line))
+    assignments = environment(WORKER)
     assert assignments["VPAY_METRICS_PORT"] == "910%i"
     for n in range(1, 10):
         assert 1024 < int(assignments["VPAY_METRICS_PORT"].replace("%i", str(n))) < 65536

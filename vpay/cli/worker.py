@@ -136,8 +136,7 @@ def _serve_metrics(port: int | None, bind: str):
     if not 1 <= port <= 65535:
         refuse(f"--metrics-port {port} is not a TCP port (1..65535)")
     from .. import metrics
-    from ..lanes import LANES
-    collector = metrics.DatabaseCollector(lanes=LANES)
+    collector = metrics.DatabaseCollector(lanes=metrics.LANES)
     try:
         metrics.serve(port, bind, collector)
     except OSError as exc:

@@ -86,6 +86,7 @@ def deliver(job, ctx):
     fields |= {"status_code": attempt.status_code, "seconds": round(attempt.elapsed, 3),
                "result": attempt.summary, "address": attempt.address}
     if attempt.permanent:  # the policy refuses this URL for good: hold the endpoint, not the job
+        metrics.webhook_attempt("held")
         with ctx.pool.connection() as conn:
             first = webhooks.hold_endpoint(conn, endpoint_id, attempt.summary)
         _record(ctx, event_id, endpoint_id, "held", job.attempts, None, attempt.summary)
