@@ -33,7 +33,8 @@ def test_the_gauges_count_what_the_tables_hold(db, pool):
     charges = [money.create_payment(db, merchant_id="m1", amount=1000, currency="EUR", rail="mtn",
                                     payer="256770000001").charge for _ in range(3)]
     db.execute("UPDATE charges SET status = 'unresolved' WHERE id = %s", (charges[0]["id"],))
-    db.execute("UPDATE charges SET status = 'succeeded' WHERE id = %s", (charges[1]["id"],))
+    db.execute("UPDATE charges SET status = 'succeeded', settled_at = now() WHERE id = %s",
+               (charges[1]["id"],))
     # lanes: three polls (mtn) and three fan-outs (webhooks) were born with the payments
     db.execute("UPDATE jobs SET run_at = 'infinity' WHERE dedupe_key = %s", (f"poll:{charges[0]['id']}",))
     db.execute("UPDATE jobs SET run_at = now() - interval '1 second' WHERE dedupe_key = %s",
