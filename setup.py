@@ -23,6 +23,7 @@ setup(
         "gunicorn>=22",
         "standardwebhooks>=1.0",
         "prometheus_client>=0.20",
+        "openpyxl>=3.1",  # statements exported as .xlsx
     ],
     extras_require={
         "test": [
