@@ -84,6 +84,7 @@ from vpay.rails.port import (
 )
 
 from ..currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
+from ..metrics import rail_call
 
 log = logging.getLogger("vpay.rails.mtn")
 
@@ -346,6 +347,7 @@ class MtnMomo:
 
     # --- Rail: request-to-pay ----------------------------------------------
 
+    @rail_call("request_to_pay")
     def request_to_pay(self, charge: ChargeRequest) -> Submit:
         """Ask the payer to pay: ``POST {base}/collection/v1_0/requesttopay``.
 
@@ -443,6 +445,7 @@ class MtnMomo:
 
     # --- Rail: status ------------------------------------------------------
 
+    @rail_call("status")
     def status(self, charge: ChargeRequest) -> RailStatus:
         """The authenticated status query:
         ``GET {base}/collection/v1_0/requesttopay/{rail_reference}``.
@@ -520,6 +523,7 @@ class MtnMomo:
 
     # --- Rail: refunds (Disbursement product) -----------------------------
 
+    @rail_call("refund")
     def refund(self, refund: RefundRequest) -> Submit:
         """Give back a collected payment: ``POST {base}/disbursement/v1_0/refund``.
 
@@ -565,6 +569,7 @@ class MtnMomo:
         )
         return submit
 
+    @rail_call("refund_status")
     def refund_status(self, refund: RefundRequest) -> RailStatus:
         """The authenticated refund status query:
         ``GET {base}/disbursement/v1_0/refund/{rail_reference}``.

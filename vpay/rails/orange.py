@@ -79,6 +79,7 @@ from tenacity import (
 )
 
 from ..currency import exponent
+from ..metrics import rail_call
 from .port import (
     CallbackIds,
     ChargeRequest,
@@ -316,6 +317,7 @@ class OrangeMoney:
 
     # --- Rail: request-to-pay ----------------------------------------------
 
+    @rail_call("request_to_pay")
     def request_to_pay(self, charge: ChargeRequest) -> Submit:
         """Initialise a web payment:
         ``POST {base}/orange-money-webpay/{country}/v1/webpayment``.
@@ -411,6 +413,7 @@ class OrangeMoney:
 
     # --- Rail: status ------------------------------------------------------
 
+    @rail_call("status")
     def status(self, charge: ChargeRequest) -> RailStatus:
         """The authenticated status query:
         ``POST {base}/orange-money-webpay/{country}/v1/transactionstatus``
@@ -483,6 +486,7 @@ class OrangeMoney:
 
     # --- Rail: refunds (not offered) --------------------------------------
 
+    @rail_call("refund")
     def refund(self, refund: RefundRequest) -> Submit:
         """Orange Money Web Payment offers no refund call to this adapter:
         always REJECTED ``REFUND_NOT_SUPPORTED``, nothing sent, so the refund
@@ -490,6 +494,7 @@ class OrangeMoney:
         log.info("orange refund refund=%s -> rejected: not supported by this rail", refund.refund_id)
         return Submit(SubmitKind.REJECTED, reason="REFUND_NOT_SUPPORTED")
 
+    @rail_call("refund_status")
     def refund_status(self, refund: RefundRequest) -> RailStatus:
         """No refund is ever sent to Orange: NOT_FOUND, nothing asked."""
         return RailStatus(StatusKind.NOT_FOUND, reason="REFUND_NOT_SUPPORTED")
