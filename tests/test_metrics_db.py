@@ -30,6 +30,11 @@ def _values(collector) -> dict[tuple, float]:
 
 def test_the_gauges_count_what_the_tables_hold(db, pool):
     merchants.create_merchant(db, "m1", "m1")
+    # before the payments: an event gets its fan-out job only when its
+    # merchant has an enabled endpoint (docs/webhooks.md, "Who gets an event")
+    db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled) VALUES "
+               "('we_a', 'm1', 'https://a.example/h', 'whsec_x', false), "
+               "('we_b', 'm1', 'https://b.example/h', 'whsec_y', true)")
     charges = [money.create_payment(db, merchant_id="m1", amount=1000, currency="EUR", rail="mtn",
                                     payer="256770000001").charge for _ in range(3)]
     db.execute("UPDATE charges SET status = 'unresolved' WHERE id = %s", (charges[0]["id"],))
@@ -46,9 +51,6 @@ def test_the_gauges_count_what_the_tables_hold(db, pool):
     db.execute("INSERT INTO alerts (kind, charge_id) VALUES ('charge_unresolved', %s), "
                "('rail_contradiction', %s)", (charges[0]["id"], charges[1]["id"]))
     db.execute("INSERT INTO alerts (kind, acknowledged_at) VALUES ('job_dead_lettered', now())")
-    db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled) VALUES "
-               "('we_a', 'm1', 'https://a.example/h', 'whsec_x', false), "
-               "('we_b', 'm1', 'https://b.example/h', 'whsec_y', true)")
 
     values = _values(metrics.DatabaseCollector(pool, lanes=metrics.LANES))
     assert values[("vpay_database_up",)] == 1

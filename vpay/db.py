@@ -126,19 +126,19 @@ def database_url(environ: Mapping[str, str] | None = None) -> str:
     return url
 
 
-def _mark_returned(conn: psycopg.Connection) -> None:
-    """The pool's ``reset`` hook (runs on every return, no database work):
-    when the connection went idle."""
-    conn._vpay_idle_since = time.monotonic()
-
-
 def check_if_idle(conn: psycopg.Connection) -> None:
     """The pool's ``check`` hook: ``ConnectionPool.check_connection`` (an
-    empty query) only for a connection idle ``CHECK_IDLE_SECONDS`` or more
-    (or never returned yet); raises what the check raises, and the pool
-    then replaces the connection."""
-    if time.monotonic() - getattr(conn, "_vpay_idle_since", 0.0) >= CHECK_IDLE_SECONDS:
+    empty query) only for a connection last handed out ``CHECK_IDLE_SECONDS``
+    or more ago (or never), which is at least as long as it sat idle: a
+    connection held long by its user is checked once more than needed, never
+    once less. Raises what the check raises; the pool then replaces the
+    connection. (Not a ``reset`` hook stamping the return: psycopg_pool hands
+    every return to its worker thread when a reset hook is set, a thread
+    switch per checkout.)"""
+    now = time.monotonic()
+    if now - getattr(conn, "_vpay_handed_out_at", float("-inf")) >= CHECK_IDLE_SECONDS:
         ConnectionPool.check_connection(conn)
+    conn._vpay_handed_out_at = now
 
 
 def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
@@ -161,7 +161,6 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
         open=False,
         kwargs={"autocommit": True},
         check=check_if_idle,
-        reset=_mark_returned,
         # Bounded, so the pool's back-off restarts within seconds after a long
         # outage (unbounded, it doubles for ever: ~30 s late after 90 s down);
         # a connection that gives up is replaced on the next checkout.
