@@ -275,7 +275,8 @@ class Worker:
             with self.pool.connection() as conn:
                 return self._write(conn, job, outcome, error, claim_next)
         except DB_ERRORS as exc:
-            log.warning("could not record the job's outcome; retrying",
+            # INFO: the retrying path logs an ERROR if it gives up
+            log.info("could not record the job's outcome; retrying",
                         extra=self._job_extra(job, error=str(exc)[:300]))
         return self._write_retrying(job, outcome, error), None
 

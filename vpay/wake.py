@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from typing import Iterable, Sequence
 
 import psycopg
@@ -43,6 +44,10 @@ log = logging.getLogger("vpay.worker")
 
 CHANNEL = "vpay_jobs"
 """The NOTIFY channel; payload: the lane of a job that became due now."""
+
+DOWN_WARNING_SECONDS = 300.0
+"""A listener that cannot listen for this long logs one WARNING (INFO
+before): shorter outages are the database's, and the claim loops say so."""
 
 PING_EVERY = 30.0
 """Seconds between the listener's liveness queries while nothing arrives: a
@@ -142,18 +147,33 @@ class Listener(threading.Thread):
         self.connected = threading.Event()
         self.connections = 0
         self.backend_pid: int | None = None
+        self._listening_since: float | None = None
 
     def run(self) -> None:
         backoff = 0.5
+        down_since: float | None = None
+        warned = False
         while not self.halt.is_set():
             try:
-                self._listen()
-                backoff = 0.5
+                self._listen()  # returns when the worker halts
+                backoff, down_since, warned = 0.5, None, False
             except psycopg.Error as exc:
                 self.connected.clear()
-                log.warning("listener lost its connection; loops fall back to the idle sleep",
-                            extra={"worker_id": self.worker_id, "error": str(exc)[:300],
-                                   "retry_in": backoff})
+                now = time.monotonic()
+                if self._listening_since is not None:  # it was listening: a new outage
+                    down_since, warned = now, False
+                self._listening_since = None
+                down_since = down_since or now
+                # INFO while the outage is short: the claim loops log the
+                # database's absence, and the idle sleep covers the wake-ups.
+                # A listener down for long (LISTEN refused, a transaction-mode
+                # bouncer in the way) is worth one WARNING.
+                long_down = now - down_since >= DOWN_WARNING_SECONDS
+                level = logging.WARNING if long_down and not warned else logging.INFO
+                warned = warned or long_down
+                log.log(level, "listener lost its connection; loops fall back to the idle sleep",
+                        extra={"worker_id": self.worker_id, "error": str(exc)[:300],
+                               "down_seconds": round(now - down_since, 1), "retry_in": backoff})
                 self.halt.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
 
@@ -162,6 +182,7 @@ class Listener(threading.Thread):
                              application_name=f"vpay-listener {self.worker_id}"[:63]) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             self.backend_pid = conn.info.backend_pid
+            self._listening_since = time.monotonic()
             self.connections += 1
             self.connected.set()
             if self.connections > 1:
