@@ -143,10 +143,14 @@ def test_a_dead_lettered_delivery_is_found_and_retried(db, stack, spawn):
     env = operator_env(stack)
     receiver = Receiver()
     try:
+        # the endpoint first: an event is sent to the endpoints enabled when it
+        # is written (docs/webhooks.md, "Who gets an event")
+        from api_support import MERCHANT
+        new_key(db)  # creates the API's merchant
+        endpoint = webhooks.add_endpoint(db, MERCHANT, receiver.url("/hooks"), permit_private=True)
         charge = pay(db, stack, "256770000001")
-        merchant = db.execute("SELECT merchant_id FROM payment_intents WHERE id = %s",
-                              (charge["intent"],)).fetchone()[0]
-        endpoint = webhooks.add_endpoint(db, merchant, receiver.url("/hooks"), permit_private=True)
+        assert db.execute("SELECT merchant_id FROM payment_intents WHERE id = %s",
+                          (charge["intent"],)).fetchone()[0] == MERCHANT
         # the receiver is broken for every attempt of the schedule, then fixed
         receiver.script("/hooks", *[Reply(500) for _ in range(2 * webhooks.MAX_ATTEMPTS)])
         start_worker(spawn, stack, VPAY_WEBHOOKS_ALLOW_PRIVATE="1")
