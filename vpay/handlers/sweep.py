@@ -2,14 +2,16 @@
 crash recovery": the third place leases are reaped). It reaps expired leases,
 escalates every charge still pending past the 24-hour horizon (even one
 whose poll job was dead-lettered: "The escalation does not depend on the
-rail answering"), deletes Idempotency-Key records past their 24 hours, and
-reschedules itself; it never ends (``RetryAfter`` one hour)."""
+rail answering"), deletes Idempotency-Key records past their 24 hours,
+prunes finished rows older than ``VPAY_RETENTION_DAYS`` (``vpay.operator.prune``;
+0 keeps everything), and reschedules itself; it never ends (``RetryAfter``
+one hour)."""
 
 from __future__ import annotations
 
 import logging
 
-from .. import money, queue
+from .. import money, operator, queue
 from ..outcome import RetryAfter
 from ..queries import Q
 from .registry import HOURLY, register
@@ -23,7 +25,10 @@ def sweep(job, ctx):
         reaped = queue.reap_expired_leases(conn)
         keys = conn.execute(Q["delete_expired_idempotency_keys"]).rowcount
         escalated = money.escalate(conn, None, ctx.settings.escalate_after_seconds)
+        days = ctx.settings.retention_days
+        pruned = operator.prune(conn, days) if days > 0 else {}
     log.info("sweep", extra={"worker_id": ctx.worker_id, "reaped": len(reaped),
                              "idempotency_keys_deleted": keys, "escalated": len(escalated),
+                             "retention_days": days, "pruned": pruned,
                              "dedupe_key": job.dedupe_key})
     return RetryAfter(HOURLY)

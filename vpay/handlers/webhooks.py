@@ -9,8 +9,14 @@ queue carries webhook fan-out and delivery").
   (``vpay.webhooks.post``) and answers the queue: 2xx → ``Done``; 410 → the
   endpoint is disabled, ``Done``; otherwise ``RetryAfter`` on the webhook
   schedule, then ``DeadLetter`` (the loop parks the job and writes a
-  ``job_dead_lettered`` alert). A disabled endpoint's pending deliveries end
-  ``Done`` without a request. The attempt number is the job's ``attempts``.
+  ``job_dead_lettered`` alert). A URL the worker's policy refuses for good
+  (an endpoint registered under ``VPAY_WEBHOOKS_ALLOW_PRIVATE=1``, delivered
+  by a worker without it) holds the endpoint instead: disabled once, one
+  ``webhook_endpoint_disabled`` alert naming the reason, the delivery
+  ``held`` (``webhooks enable`` re-queues what was held). A disabled
+  endpoint's pending deliveries end ``Done`` without a request (``held``
+  after a policy hold, else ``skipped``). The attempt number is the job's
+  ``attempts``.
 
 No database connection is held during the POST. Delivery is at-least-once:
 a worker that dies (or whose drain times out) after the receiver got the
@@ -64,8 +70,11 @@ def deliver(job, ctx):
         return Done("event or endpoint gone")
     fields["host"] = urlsplit(row["url"]).hostname
     if not row["enabled"]:
-        _record(ctx, event_id, endpoint_id, "skipped", job.attempts, None, "endpoint disabled")
-        log.info("webhook delivery ended: endpoint disabled", extra=fields)
+        with ctx.pool.connection() as conn:
+            held = webhooks.held_by_policy(conn, endpoint_id)
+        _record(ctx, event_id, endpoint_id, "held" if held else "skipped", job.attempts, None,
+                "endpoint disabled")
+        log.info("webhook delivery ended: endpoint disabled", extra=fields | {"held": held})
         return Done("endpoint disabled")
 
     body = webhooks.payload({"id": row["event_id"], "type": row["type"],
@@ -74,9 +83,16 @@ def deliver(job, ctx):
                                       [row["secret"], row["previous_secret"]])
     attempt = webhooks.post(row["url"], body, headers, connect_timeout=connect_timeout,
                             read_timeout=read_timeout, allow_private=webhooks.allow_private())
-    decision = webhooks.decide(attempt, job.attempts)
     fields |= {"status_code": attempt.status_code, "seconds": round(attempt.elapsed, 3),
                "result": attempt.summary, "address": attempt.address}
+    if attempt.permanent:  # the policy refuses this URL for good: hold the endpoint, not the job
+        with ctx.pool.connection() as conn:
+            first = webhooks.hold_endpoint(conn, endpoint_id, attempt.summary)
+        _record(ctx, event_id, endpoint_id, "held", job.attempts, None, attempt.summary)
+        log.log(logging.ERROR if first else logging.INFO, "webhook endpoint held by the URL policy",
+                extra=fields | {"first": first})
+        return Done(f"held: {attempt.summary}")
+    decision = webhooks.decide(attempt, job.attempts)
 
     if decision.action == "delivered":
         _record(ctx, event_id, endpoint_id, "delivered", job.attempts, attempt.status_code, None)
