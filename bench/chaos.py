@@ -422,6 +422,9 @@ class Chaos:
         if out.returncode != 0:
             raise RuntimeError(f"migrate failed: {out.stderr[-2000:]}")
         self.db.run(lambda conn: conn.execute(AUDIT_SQL))
+        self.endpoint_backoff = bool(self.db.all(
+            "SELECT 1 FROM information_schema.columns WHERE table_name = 'webhook_endpoints' "
+            "AND column_name = 'backoff_until'"))
         self.keys: dict[str, str] = {}
         for receiver_name in sorted({r for rs in MERCHANTS.values() for r in rs}):
             self.receivers[receiver_name] = Receiver(receiver_name, self.plan.seed, self.plan, self.t0_ref)
@@ -727,6 +730,9 @@ class Chaos:
         return r.json()
 
     def time_machine(self) -> int:
+        if self.endpoint_backoff:
+            # the isolation issue's endpoint back-off is a clock too: let it pass
+            self.db.exec("UPDATE webhook_endpoints SET backoff_until = now() WHERE backoff_until > now()")
         return self.db.exec(
             "UPDATE jobs SET run_at = now() WHERE locked_at IS NULL AND run_at > now() "
             "AND run_at <> 'infinity' AND (kind IN ('deliver', 'resubmit', 'refund_poll', 'fanout') "
