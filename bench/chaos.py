@@ -54,15 +54,14 @@ import traceback
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import chaos_checks  # noqa: E402
-from chaos_schedule import (MERCHANTS, RAIL_WINDOW_KINDS, RECEIVER_WINDOW_KINDS, WORKERS,  # noqa: E402
-                            Plan, WindowDecider, make_plan, windows_of)
+from chaos_procs import Db, Postgres, Proc, free_port, log, run_cli, script_path  # noqa: E402
+from chaos_receivers import Receiver  # noqa: E402
+from chaos_schedule import MERCHANTS, RAIL_WINDOW_KINDS, WORKERS, Plan, make_plan, windows_of  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 HARNESS_APP = "chaos-harness"  # application_name of our own connections: never terminated
@@ -99,237 +98,6 @@ CREATE TRIGGER chaos_audit_intents AFTER INSERT OR UPDATE ON payment_intents
 CREATE TRIGGER chaos_audit_refunds AFTER INSERT OR UPDATE ON refunds
     FOR EACH ROW EXECUTE FUNCTION chaos_audit_status();
 """
-
-
-def log(msg: str) -> None:
-    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def script_path(name: str) -> str:
-    beside = Path(sys.executable).with_name(name)
-    if beside.exists():
-        return str(beside)
-    found = shutil.which(name)
-    if not found:
-        raise SystemExit(f"chaos: {name} is not installed (pip install -e .)")
-    return found
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# --------------------------------------------------------------------------- Postgres
-
-
-class Postgres:
-    """The run's own embedded Postgres (pgserver) with pg_ctl at hand."""
-
-    def __init__(self, root: Path):
-        import logging
-
-        import pgserver
-        logging.getLogger("pgserver").setLevel(logging.WARNING)
-        self.server = pgserver.get_server(root, cleanup_mode="stop")
-        self.socket_dir = str(self.server.get_postmaster_info().socket_dir)
-        self.lock = threading.Lock()
-
-    def url(self, dbname: str, app: str | None = None) -> str:
-        from psycopg.conninfo import make_conninfo
-        url = self.server.get_uri(dbname)
-        return make_conninfo(url, application_name=app) if app else url
-
-    def _pg_ctl(self, *args: str) -> None:
-        from pgserver._commands import pg_ctl
-        pg_ctl(["-w", *args], pgdata=self.server.pgdata, user=self.server.system_user, timeout=120)
-
-    def restart(self, mode: str) -> None:
-        with self.lock:
-            self._pg_ctl("-m", mode, "-l", str(self.server.log), "restart")
-            from pgserver.utils import PostmasterInfo
-            self.server._postmaster_info = PostmasterInfo.read_from_pgdata(self.server.pgdata)
-
-    def stop(self) -> None:
-        with self.lock:
-            self.server.cleanup()  # pg_ctl stop of the postmaster restart() told it about
-
-
-class Db:
-    """A reconnecting autocommit connection of the harness (application_name
-    ``chaos-harness``): Postgres restarts under it."""
-
-    def __init__(self, url: str):
-        self.url = url
-        self.conn = None
-        self.lock = threading.Lock()
-
-    def run(self, fn, timeout: float = 120.0):
-        import psycopg
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            while True:
-                try:
-                    if self.conn is None or self.conn.closed:
-                        self.conn = psycopg.connect(self.url, autocommit=True, connect_timeout=3)
-                    return fn(self.conn)
-                except (psycopg.OperationalError, psycopg.InterfaceError):
-                    try:
-                        if self.conn is not None:
-                            self.conn.close()
-                    except Exception:  # noqa: BLE001
-                        pass
-                    self.conn = None
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
-
-    def all(self, sql: str, params: Any = None) -> list[dict]:
-        from psycopg.rows import dict_row
-
-        def q(conn):
-            with conn.cursor(row_factory=dict_row) as cur:
-                return cur.execute(sql, params).fetchall()
-        return self.run(q)
-
-    def exec(self, sql: str, params: Any = None) -> int:
-        return self.run(lambda conn: conn.execute(sql, params).rowcount)
-
-
-# --------------------------------------------------------------------------- processes
-
-
-class Proc:
-    """A child process with its output in a log file."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_path: Path):
-        self.name, self.args, self.env, self.log_path = name, args, env, log_path
-        self._out = open(log_path, "ab")
-        self.popen = subprocess.Popen(args, env=env, stdout=self._out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
-        self.expected_exit = False
-        self.stopped = False
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def send(self, sig: int) -> bool:
-        if not self.alive():
-            return False
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
-
-    def terminate(self, timeout: float = 20.0) -> int | None:
-        self.expected_exit = True
-        if self.alive():
-            self.send(signal.SIGCONT)
-            self.send(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(10)
-        self._out.close()
-        return self.popen.returncode
-
-
-def run_cli(env: dict[str, str], *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    return subprocess.run([script_path("vpay-server"), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-# --------------------------------------------------------------------------- receivers
-
-
-class Receiver:
-    """A merchant's webhook endpoint: a real HTTP server on loopback that
-    verifies each POST with ``standardwebhooks.Webhook`` on its raw bytes
-    and records the event ids it accepted (2xx answered). Inside one of its
-    fault windows it answers 500, or holds the request past vpay's timeout
-    and drops it, per request as the seed decides."""
-
-    def __init__(self, name: str, seed: int, plan: Plan, t0_ref: list[float]):
-        self.name = name
-        self.secret: str | None = None
-        self.endpoint_id: str | None = None
-        self.delivered: set[str] = set()
-        self.received = 0
-        self.duplicates = 0
-        self.bad: list[dict] = []
-        self.faults: Counter = Counter()
-        self.lock = threading.Lock()
-        self.decider = WindowDecider(seed, windows_of(plan, RECEIVER_WINDOW_KINDS, name))
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                from standardwebhooks import Webhook
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
-                event_id = self.headers.get("webhook-id", "")
-                fault = receiver.decider.decide(time.time() - t0_ref[0], f"{event_id}")
-                if fault is not None:
-                    kind, params = fault[0], fault[1]
-                    with receiver.lock:
-                        receiver.faults[kind] += 1
-                    if kind == "receiver_hang":
-                        time.sleep(params["hang"])
-                        self.close_connection = True
-                        return
-                    self._answer(500, b'{"error":"chaos"}')
-                    return
-                try:
-                    event = Webhook(receiver.secret).verify(body, dict(self.headers))
-                except Exception as exc:  # noqa: BLE001 - any failure is a bad delivery
-                    with receiver.lock:
-                        receiver.bad.append({"endpoint_id": receiver.endpoint_id, "event_id": event_id,
-                                             "error": f"{type(exc).__name__}: {exc}"})
-                    self._answer(400, b'{"error":"bad signature"}')
-                    return
-                with receiver.lock:
-                    receiver.received += 1
-                    if event["id"] in receiver.delivered:
-                        receiver.duplicates += 1
-                    receiver.delivered.add(event["id"])
-                self._answer(200, b'{"ok":true}')
-
-            def _answer(self, code: int, data: bytes):
-                try:
-                    self.send_response(code)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            block_on_close = False
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True, name=f"receiver-{name}").start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/{self.name}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 # --------------------------------------------------------------------------- the run
@@ -797,10 +565,8 @@ class Chaos:
         ledger = self.rail_control("GET", "/_chaos/ledger")
         self.ledger = ledger
         snap["rail"] = {
-            "transactions": {t["reference"]: {"status": t["status"], "reason": t["reason"], "amount": t["amount"]}
-                             for t in ledger["transactions"]},
-            "refunds": {t["reference"]: {"status": t["status"], "reason": t["reason"], "amount": t["amount"]}
-                        for t in ledger["refunds"]},
+            "transactions": {t["reference"]: ledger_entry(t) for t in ledger["transactions"]},
+            "refunds": {t["reference"]: ledger_entry(t) for t in ledger["refunds"]},
         }
         snap["delivered"] = {r.endpoint_id: sorted(r.delivered) for r in self.receivers.values()}
         snap["bad_signatures"] = [b for r in self.receivers.values() for b in r.bad]
@@ -934,14 +700,21 @@ class Chaos:
             self.pg.stop()
 
 
+def ledger_entry(txn: dict) -> dict:
+    """One transaction of the rail's ledger as ``chaos_checks`` reads it."""
+    return {"status": txn["status"], "reason": txn["reason"], "amount": txn["amount"],
+            "transaction_id": txn.get("financialTransactionId")}
+
+
 SNAPSHOT_SQL = {
     "charges": "SELECT id, payment_intent_id, rail_reference, payer, amount, currency, status, failure_code, "
-               "prompt_expired_at IS NOT NULL AS prompt_expired FROM charges ORDER BY id",
+               "rail_transaction_id, prompt_expired_at IS NOT NULL AS prompt_expired FROM charges ORDER BY id",
     "intents": "SELECT id, merchant_id, status FROM payment_intents ORDER BY id",
     "events": "SELECT id, type, payment_intent_id, data->'charge'->>'id' AS charge_id, "
               "data->'refund'->>'id' AS refund_id, (data->>'expired')::boolean AS expired "
               "FROM events ORDER BY id",
-    "refunds": "SELECT id, charge_id, rail_reference, amount, status, failure_code FROM refunds ORDER BY id",
+    "refunds": "SELECT id, charge_id, rail_reference, amount, status, failure_code, rail_transaction_id "
+               "FROM refunds ORDER BY id",
     "jobs": "SELECT kind, dedupe_key, run_at = 'infinity' AS dead, locked_at IS NOT NULL AS leased, "
             "last_error FROM jobs ORDER BY id",
     "alerts": "SELECT kind, charge_id, refund_id FROM alerts ORDER BY id",
@@ -987,7 +760,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds to wait for quiescence [300]")
     parser.add_argument("--print-schedule", action="store_true", help="print the plan's schedule and exit")
     parser.add_argument("--clients", type=int, default=8, help="concurrent API clients [8]")
-    parser.add_argument("--worker-concurrency", type=int, default=4)
+    parser.add_argument("--worker-concurrency", type=int, default=5, help="per worker [5, the most a worker takes]")
     parser.add_argument("--lease", type=float, default=8.0, help="worker --lease-seconds [8]")
     parser.add_argument("--rail-read-timeout", type=float, default=2.0)
     parser.add_argument("--webhook-read-timeout", type=float, default=2.0)

@@ -6,7 +6,8 @@ is quiet), so the checks import neither vpay nor a database driver and a
 test can plant a violation in a snapshot and see it caught. Keys:
 
 * ``charges``: ``[{id, payment_intent_id, rail_reference, amount, currency,
-  status, failure_code, prompt_expired}]`` (amounts in minor units);
+  status, failure_code, rail_transaction_id, prompt_expired}]`` (amounts in
+  minor units);
 * ``intents``: ``[{id, merchant_id, status}]``;
 * ``events``: ``[{id, type, payment_intent_id, charge_id, refund_id, expired}]``;
 * ``refunds``: ``[{id, charge_id, rail_reference, amount, status, failure_code}]``;
@@ -17,7 +18,8 @@ test can plant a violation in a snapshot and see it caught. Keys:
   (``what``: ``insert``, ``status``, ``prompt_expired``);
 * ``endpoints``: ``[{id, merchant_id}]``;
 * ``rail``: the rail's ledger, ``{"transactions": {reference: {status,
-  reason, amount}}, "refunds": {...}}`` (amounts: major-unit strings);
+  reason, amount, transaction_id}}, "refunds": {...}}`` (amounts: major-unit
+  strings; ``transaction_id``: the rail's financialTransactionId);
 * ``delivered``: ``{endpoint_id: [event ids the receiver verified]}``;
 * ``bad_signatures``: ``[{endpoint_id, error}]``;
 * ``quiescent``: whether the run went quiet before its deadline, and
@@ -54,6 +56,9 @@ BORN = {"charges": {"pending"}, "refunds": {"pending"},
         "payment_intents": {"processing", "requires_confirmation"}}
 INTENT_TERMINAL = frozenset({"succeeded", "requires_payment_method", "canceled"})
 NOT_FINAL_REASONS = frozenset({"ONGOING", "PAYER_DELAYED"})  # MoMo: FAILED on the wire, not final
+UNSUBMITTED_CODES = ("not_submitted",)
+"""Failure codes that may end an operation the rail never recorded (the
+resubmit job: the prompt ran out and the rail still does not know it)."""
 EXPONENT = 2  # the run is EUR only (MoMo's sandbox currency)
 
 
@@ -255,13 +260,15 @@ def check_ledger(snap: Snapshot) -> list[Violation]:
     * no charge succeeded that the rail did not succeed (for its amount);
     * every rail success is ``succeeded``, or still ``pending`` /
       ``unresolved`` with an alert naming the charge;
-    * no charge failed that the rail holds as anything but a final failure
-      (a reference the rail never recorded may fail: ``not_submitted``), and
-      a failure carries the rail's reason;
+    * no charge failed that the rail holds as anything but a final failure,
+      and a failure carries the rail's reason; a reference the rail never
+      recorded fails only as ``not_submitted`` (``unsubmitted_codes``);
+    * a success records the rail's transaction id;
     * the same for refunds."""
     alerts = defaultdict(set)
     for a in snap.get("alerts", []):
         alerts[a.get("refund_id") or a.get("charge_id")].add(a["kind"])
+    unsubmitted = set(snap.get("unsubmitted_codes", UNSUBMITTED_CODES))
     out = []
     for kind, rows, table in (("charge", snap["charges"], "transactions"),
                               ("refund", snap.get("refunds", []), "refunds")):
@@ -269,6 +276,10 @@ def check_ledger(snap: Snapshot) -> list[Violation]:
         for row in rows:
             txn = ledger.get(row["rail_reference"])
             rail_status = txn["status"] if txn else None
+            if row["status"] == "failed" and txn is None and row["failure_code"] not in unsubmitted:
+                out.append(_v("ledger", row["id"], f"{kind} failed with {row['failure_code']}; the rail "
+                                                   f"never recorded it (only {sorted(unsubmitted)} may say so)",
+                              rail_reference=row["rail_reference"]))
             if row["status"] == "succeeded":
                 if rail_status != "SUCCESSFUL":
                     out.append(_v("ledger", row["id"], f"{kind} succeeded; the rail says {rail_status} "
@@ -277,6 +288,10 @@ def check_ledger(snap: Snapshot) -> list[Violation]:
                 elif _minor(txn["amount"]) != row["amount"]:
                     out.append(_v("ledger", row["id"], f"{kind} succeeded for {row['amount']}; the rail "
                                                        f"collected {txn['amount']}"))
+                elif txn.get("transaction_id") and row.get("rail_transaction_id") != txn["transaction_id"]:
+                    out.append(_v("ledger", row["id"], f"{kind} records rail transaction "
+                                                       f"{row.get('rail_transaction_id')}; the rail's is "
+                                                       f"{txn['transaction_id']}"))
             elif rail_status == "SUCCESSFUL":
                 if row["status"] == "failed" or not alerts.get(row["id"]):
                     out.append(_v("ledger", row["id"], f"the rail succeeded this {kind}; ours is "

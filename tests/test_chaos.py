@@ -59,7 +59,8 @@ def clean_snapshot() -> dict:
     snap = {
         "charges": [
             {"id": "ch_1", "payment_intent_id": "pi_1", "rail_reference": ref1, "amount": 1500,
-             "currency": "EUR", "status": "succeeded", "failure_code": None, "prompt_expired": False},
+             "currency": "EUR", "status": "succeeded", "failure_code": None, "rail_transaction_id": "4242",
+             "prompt_expired": False},
             {"id": "ch_2", "payment_intent_id": "pi_2", "rail_reference": ref2, "amount": 900,
              "currency": "EUR", "status": "failed", "failure_code": "APPROVAL_REJECTED",
              "prompt_expired": False},
@@ -103,7 +104,8 @@ def clean_snapshot() -> dict:
              "what": "status"},
         ],
         "endpoints": [{"id": "we_a", "merchant_id": "m"}, {"id": "we_b", "merchant_id": "m"}],
-        "rail": {"transactions": {ref1: {"status": "SUCCESSFUL", "reason": None, "amount": "15.00"},
+        "rail": {"transactions": {ref1: {"status": "SUCCESSFUL", "reason": None, "amount": "15.00",
+                                         "transaction_id": "4242"},
                                   ref2: {"status": "FAILED", "reason": "APPROVAL_REJECTED", "amount": "9.00"}},
                  "refunds": {rref: {"status": "SUCCESSFUL", "reason": None, "amount": "7.50"}}},
         "delivered": {"we_a": ["evt_1", "evt_2", "evt_3", "evt_4", "evt_5"],
@@ -193,6 +195,14 @@ def _plant_failed_while_rail_pending(snap):
     snap["rail"]["transactions"]["r-2"] = {"status": "PENDING", "reason": None, "amount": "9.00"}
 
 
+def _plant_fabricated_decline(snap):
+    del snap["rail"]["transactions"]["r-2"]  # the rail never had it, yet we say the payer declined
+
+
+def _plant_other_transaction_id(snap):
+    _charge(snap, "ch_1")["rail_transaction_id"] = "9999"
+
+
 def _plant_intent_astray(snap):
     snap["intents"][0]["status"] = "requires_payment_method"
 
@@ -212,6 +222,8 @@ PLANTED = {
     "the rail collected another amount": (_plant_wrong_amount, "ledger"),
     "failed while the rail holds it pending": (_plant_failed_while_rail_pending, "ledger"),
     "an intent that does not follow its charge": (_plant_intent_astray, "intent_follows"),
+    "a decline the rail never recorded": (_plant_fabricated_decline, "ledger"),
+    "another rail transaction id": (_plant_other_transaction_id, "ledger"),
 }
 
 
