@@ -22,6 +22,7 @@ setup(
         "falcon>=3.1",
         "gunicorn>=22",
         "standardwebhooks>=1.0",
+        "openpyxl>=3.1",  # statements exported as .xlsx
     ],
     extras_require={
         "test": [

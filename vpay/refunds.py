@@ -276,3 +276,13 @@ REFUNDS = Pollable(
     kill_points=("before_refund_settle_commit", "after_refund_settle_commit"),
 )
 """Refunds as a pollable operation (``refund_poll:<refund_id>``; vpay.pollable)."""
+
+
+def settle_refund_with_evidence(conn: psycopg.Connection, refund_id: str, outcome: str,
+                                evidence: money.Evidence, *, failure_code: str | None = None,
+                                rail_transaction_id: str | None = None) -> Settled:
+    """``settle_refund`` on evidence instead of a status read:
+    ``money.settle_proven`` for a refund (one ``refund.*`` event on its
+    charge's intent; the charge and intent never change)."""
+    return money.settle_proven(conn, REFUNDS, refund_id, outcome, evidence, failure_code=failure_code,
+                               rail_transaction_id=rail_transaction_id)
