@@ -767,8 +767,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt-ttl", type=int, default=60, help="VPAY_PROMPT_TTL_SECONDS [60]")
     parser.add_argument("--success-after", type=float, default=2.0,
                         help="the rail's success timer for unscripted payers, seconds [2]")
-    parser.add_argument("--create-deadline", type=float, default=180.0,
-                        help="seconds a payment's creation is retried [180]")
+    parser.add_argument("--create-deadline", type=float, default=420.0,
+                        help="seconds a payment's creation is retried, with its Idempotency-Key [420: the API takes over a stale in-progress key after 300 s]")
     parser.add_argument("--log-level", default="INFO", help="VPAY_LOG_LEVEL of the vpay processes [INFO]")
     parser.add_argument("--progress-every", type=float, default=10.0)
     args = parser.parse_args(argv)
