@@ -116,6 +116,8 @@ class Chaos:
         self.fault_log: list[str] = []
         self.created: dict[int, dict] = {}
         self.create_failures: dict[int, str] = {}
+        self.held_keys: list[dict] = []
+        self.not_created_held: set[int] = set()
         self.api_answers: Counter = Counter()
         self.refund_results: Counter = Counter()
         self.refund_done: set[int] = set()
@@ -163,7 +165,9 @@ class Chaos:
     def setup(self) -> None:
         import psycopg
         t = time.monotonic()
-        self.pg = Postgres(self.workdir / "pg")
+        # A folder (and so a socket path) of this run's own: processes left
+        # over from a killed run in the same workdir cannot reach this database.
+        self.pg = Postgres(self.workdir / f"pg-{uuid.uuid4().hex[:8]}")
         with psycopg.connect(self.pg.url("postgres"), autocommit=True) as admin:
             admin.execute("CREATE DATABASE chaos")
         self.db_url = self.pg.url("chaos")
@@ -254,6 +258,7 @@ class Chaos:
                 "payment_method": {"type": "mtn_momo", "msisdn": p.payer}}
         deadline = time.monotonic() + self.args.create_deadline
         last = ""
+        in_use_since: float | None = None
         while time.monotonic() < deadline:
             try:
                 r = requests.post(f"{self.api_url}/v1/payment_intents", json=body, headers=headers, timeout=60)
@@ -268,11 +273,40 @@ class Chaos:
                 self.created[p.index] = {"intent": data["id"], "charge": data.get("latest_charge")}
                 return
             last = f"HTTP {r.status_code}: {r.text[:200]}"
+            if r.status_code == 409 and "idempotency_key_in_use" in r.text:
+                in_use_since = in_use_since or time.monotonic()
+                if time.monotonic() - in_use_since > self.args.in_use_patience and self.resolve_held_key(p):
+                    return
             if r.status_code in (409, 429, 500, 502, 503, 504):
                 time.sleep(float(r.headers.get("Retry-After", "0.5") or 0.5))
                 continue
             break  # 4xx other than those: the harness asked wrongly
         self.create_failures[p.index] = last
+
+    def resolve_held_key(self, p) -> bool:
+        """The API answers ``idempotency_key_in_use`` for a key whose request
+        died with the database mid-way ("outcome unknown; the key stays in
+        progress") until its 300 s stale limit passes. Rather than wait that
+        long, look at what the key names: an intent committed under it is the
+        payment (the API would answer it after the takeover); none means the
+        API holds the key with nothing created: reported as ``held_keys``, not
+        retried under another key (that could pay twice)."""
+        rows = self.db.all("SELECT k.payment_intent_id, i.id IS NOT NULL AS committed, "
+                           "(SELECT id FROM charges WHERE payment_intent_id = k.payment_intent_id LIMIT 1) "
+                           "AS charge FROM idempotency_keys k LEFT JOIN payment_intents i "
+                           "ON i.id = k.payment_intent_id WHERE k.merchant_id = %s AND k.key = %s",
+                           (p.merchant, f"chaos-{self.plan.seed}-{p.index}"))
+        if rows and rows[0]["committed"]:
+            self.created[p.index] = {"intent": rows[0]["payment_intent_id"], "charge": rows[0]["charge"]}
+            self.held_keys.append({"payment": p.index, "intent": rows[0]["payment_intent_id"],
+                                   "committed": True})
+            return True
+        if rows:
+            self.held_keys.append({"payment": p.index, "intent": rows[0]["payment_intent_id"],
+                                   "committed": False})
+            self.not_created_held.add(p.index)
+            return True
+        return False
 
     def run_payments(self) -> None:
         pool = ThreadPoolExecutor(max_workers=self.args.clients, thread_name_prefix="client")
@@ -305,7 +339,7 @@ class Chaos:
         todo = {p.index: p for p in self.plan.payments if p.refunds}
         env = self.env()
         while todo and not self.stop_event.is_set():
-            for i in [i for i in todo if i in self.create_failures]:
+            for i in [i for i in todo if i in self.create_failures or i in self.not_created_held]:
                 todo.pop(i)  # never created: nothing to refund
             indexes = [i for i in todo if i in self.created]
             if not indexes:
@@ -522,8 +556,9 @@ class Chaos:
             out["undelivered"] = missing
         if not self.refund_idle.is_set():
             out["refunds_to_make"] = 1
-        if len(self.created) + len(self.create_failures) < len(self.plan.payments):
-            out["payments_to_create"] = len(self.plan.payments) - len(self.created) - len(self.create_failures)
+        settled = len(self.created) + len(self.create_failures) + len(self.not_created_held)
+        if settled < len(self.plan.payments):
+            out["payments_to_create"] = len(self.plan.payments) - settled
         return out
 
     def undelivered(self) -> int:
@@ -568,6 +603,8 @@ class Chaos:
             "transactions": {t["reference"]: ledger_entry(t) for t in ledger["transactions"]},
             "refunds": {t["reference"]: ledger_entry(t) for t in ledger["refunds"]},
         }
+        snap["rail_faults_by_reference"] = ledger.get("faults_by_reference", {})
+        snap["rail_reads"] = {t["reference"]: t.get("reads") for t in ledger["transactions"]}
         snap["delivered"] = {r.endpoint_id: sorted(r.delivered) for r in self.receivers.values()}
         snap["bad_signatures"] = [b for r in self.receivers.values() for b in r.bad]
         snap["quiescent"] = quiescent
@@ -597,7 +634,8 @@ class Chaos:
             "callback_answers": {str(k): v for k, v in sorted(self.callback_answers.items(), key=str)},
             "api_answers": {str(k): v for k, v in sorted(self.api_answers.items(), key=str)},
             "payments_created": len(self.created),
-            "payments_not_created": len(self.create_failures),
+            "payments_not_created": len(self.create_failures) + len(self.not_created_held),
+            "held_keys": self.held_keys,
             "charges": dict(sorted(charges.items())),
             "failure_codes": dict(sorted(failure_codes.items())),
             "events": len(snap["events"]),
@@ -718,7 +756,7 @@ SNAPSHOT_SQL = {
     "jobs": "SELECT kind, dedupe_key, run_at = 'infinity' AS dead, locked_at IS NOT NULL AS leased, "
             "last_error FROM jobs ORDER BY id",
     "alerts": "SELECT kind, charge_id, refund_id FROM alerts ORDER BY id",
-    "audit": "SELECT tbl, row_id, old_status, new_status, what FROM chaos_audit ORDER BY id",
+    "audit": "SELECT tbl, row_id, old_status, new_status, what, at FROM chaos_audit ORDER BY id",
     "endpoints": "SELECT id, merchant_id FROM webhook_endpoints ORDER BY id",
 }
 
@@ -733,6 +771,8 @@ def print_report(report: dict) -> None:
                 "failure_codes", "events_by_type", "refunds", "refund_cli", "alerts", "rail_transactions",
                 "times", "load_average"):
         print(f"  {key}: {json.dumps(report[key])}")
+    if report["held_keys"]:
+        print(f"  keys the API held in progress after their request died: {json.dumps(report['held_keys'])}")
     print(f"  payments created {report['payments_created']}, not created {report['payments_not_created']}; "
           f"events {report['events']}; deliveries {report['deliveries_received']} "
           f"({report['deliveries_duplicate']} duplicates); rail requests {report['rail_requests']}")
@@ -767,8 +807,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt-ttl", type=int, default=60, help="VPAY_PROMPT_TTL_SECONDS [60]")
     parser.add_argument("--success-after", type=float, default=2.0,
                         help="the rail's success timer for unscripted payers, seconds [2]")
-    parser.add_argument("--create-deadline", type=float, default=420.0,
-                        help="seconds a payment's creation is retried, with its Idempotency-Key [420: the API takes over a stale in-progress key after 300 s]")
+    parser.add_argument("--create-deadline", type=float, default=180.0,
+                        help="seconds a payment's creation is retried with its Idempotency-Key [180]")
+    parser.add_argument("--in-use-patience", type=float, default=20.0,
+                        help="seconds of idempotency_key_in_use before the key is looked up in the "
+                             "database (the API holds a key whose request died for 300 s) [20]")
     parser.add_argument("--log-level", default="INFO", help="VPAY_LOG_LEVEL of the vpay processes [INFO]")
     parser.add_argument("--progress-every", type=float, default=10.0)
     args = parser.parse_args(argv)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +34,22 @@ import chaos_checks  # noqa: E402
 
 
 def _chaos(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH / "chaos.py"), *args], capture_output=True, text=True,
-                          timeout=timeout)
+    """Run bench/chaos.py in a session of its own. On timeout it gets SIGTERM
+    (it shuts its processes down), then its whole process group SIGKILL, so
+    no worker, API or rail outlives the test."""
+    proc = subprocess.Popen([sys.executable, str(BENCH / "chaos.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        raise AssertionError(f"bench/chaos.py ran over {timeout} s:\n{out[-5000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_same_seed_same_schedule():
@@ -259,7 +275,9 @@ def test_small_chaos_run_has_no_violations(tmp_path):
     report = json.loads(report_path.read_text())
     assert report["violations"] == [], run.stdout[-5000:]
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
-    assert report["payments_created"] == 30 and report["quiescent"]
+    # a key the API holds after its request died with the database created nothing: documented, not lost
+    held_empty = sum(1 for h in report["held_keys"] if not h["committed"])
+    assert report["payments_created"] + held_empty == 30 and report["quiescent"]
     # one fault of every kind was scheduled and applied
     assert report["faults_by_type"] == {kind: 1 for kind in report["faults_by_type"]}
     assert len(report["faults_by_type"]) == 12
