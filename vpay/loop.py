@@ -205,7 +205,8 @@ class Worker:
                     self.gauge.add(done=1)
                 return kept
             if isinstance(outcome, RetryAfter):
-                kept = queue.reschedule(conn, job, outcome.seconds, outcome.note)
+                kept = queue.reschedule(conn, job, outcome.seconds, outcome.note,
+                                        spent=outcome.attempt_spent)
                 if kept:
                     self.gauge.add(retried=1)
                 return kept
@@ -262,7 +263,8 @@ class Worker:
                 counts |= queue.depth(conn)
         except psycopg.Error:
             counts |= {"due": -1, "leased": -1, "dead": -1}
-        log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts})
+        log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts,
+                                 "rail_paused_until": self.ctx.rail_pauses()})
         self.notifier.status(" ".join(f"{k}={v}" for k, v in counts.items()))
         return counts
 

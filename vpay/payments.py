@@ -16,7 +16,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from . import money, queue, testhooks
-from .rails.port import Rail, StatusKind, Submit, SubmitKind
+from .rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.payments")
 
@@ -34,8 +34,20 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
     ``money.record_submission``); rejected for good → the charge fails with the
     rail's reason (one event); no answer → ``resubmit:<charge_id>`` is
     enqueued (unless the caller is that job). Never raises for the rail's
-    answer."""
-    answer = rail.request_to_pay(money.charge_request(charge, description))
+    answer. A paused rail (``RailPaused``: nothing was sent) is "no answer"
+    with the resubmit due at the end of the pause; the resubmit job itself
+    lets ``RailPaused`` through to ``handlers.handle``, which defers it."""
+    try:
+        answer = rail.request_to_pay(money.charge_request(charge, description))
+    except RailPaused as paused:
+        if not schedule_resubmit:
+            raise
+        queue.enqueue(conn, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]},
+                      delay=max(paused.seconds, resubmit_delay(1)))
+        log.warning("rail paused; request-to-pay not sent, resubmit scheduled after the pause",
+                    extra={"charge_id": charge["id"], "rail": paused.rail,
+                           "retry_in_seconds": round(paused.seconds, 3)})
+        return Submit(SubmitKind.NO_ANSWER, reason="RAIL_PAUSED")
     if answer.kind is SubmitKind.ACCEPTED:
         testhooks.pause("after_rail_accepted")
         if answer.rail_data:  # e.g. Orange: pay_token, payment_url; notif_token kept as a hash only

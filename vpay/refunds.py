@@ -42,7 +42,7 @@ from psycopg_pool import ConnectionPool
 from . import money, queue, testhooks
 from .ids import new_id, new_rail_reference
 from .queries import Q
-from .rails.port import Rail, RefundRequest, StatusKind, Submit, SubmitKind
+from .rails.port import Rail, RailPaused, RefundRequest, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.refunds")
 
@@ -148,8 +148,15 @@ def submit(conn: psycopg.Connection, rail: Rail, refund: dict[str, Any]) -> Subm
     → ``submitted_at``; rejected for good → the refund fails with the rail's
     reason (one ``refund.failed``); no answer → nothing: the poll job reads
     the status and re-sends on a 404. Same ``X-Reference-Id`` every time.
-    Never raises for the rail's answer."""
-    answer = rail.refund(refund_request(refund))
+    Never raises for the rail's answer; a paused rail (``RailPaused``,
+    nothing sent) is "no answer" like any other."""
+    try:
+        answer = rail.refund(refund_request(refund))
+    except RailPaused as paused:
+        answer = Submit(SubmitKind.NO_ANSWER, reason="RAIL_PAUSED")
+        log.warning("rail paused; refund request not sent, the poll will ask and re-send",
+                    extra={"refund_id": refund["id"], "rail": paused.rail})
+        return answer
     if answer.kind is SubmitKind.ACCEPTED:
         testhooks.pause("after_refund_accepted")
         mark_submitted(conn, refund["id"])
