@@ -3,6 +3,7 @@ Names are the contract's "Configuration" table."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -23,16 +24,42 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _seconds(env: Mapping[str, str], name: str, default: float, maximum: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= maximum):
+        raise ConfigError(f"{name} must be a number of seconds above 0 and at most {maximum:g}, got {raw!r}")
+    return value
+
+
+API_RAIL_TIMEOUT_SECONDS = 3.0
+"""Default of ``VPAY_API_RAIL_TIMEOUT_SECONDS``: the longest an API request
+waits on a rail (one request-to-pay, token fetch included)."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """``prompt_ttl_seconds``: how long a payer's prompt lives (design page,
     "The prompt-expiry half"; default 900). ``escalate_after_seconds``: the
-    24-hour horizon from ``charges.created_at`` ("Timers assert nothing")."""
+    24-hour horizon from ``charges.created_at`` ("Timers assert nothing").
+    ``api_rail_timeout_seconds``: the total deadline of a rail call made by
+    ``vpay-server api`` (``VPAY_API_RAIL_TIMEOUT_SECONDS``, default 3, at
+    most 60); past it the create answers the intent ``processing`` and the
+    worker's resubmit finishes the submission (docs/api.md)."""
 
     prompt_ttl_seconds: int = 900
     escalate_after_seconds: int = 24 * 3600
+    api_rail_timeout_seconds: float = API_RAIL_TIMEOUT_SECONDS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        """Raises ``ConfigError`` (exit 78 at boot) for a value out of range."""
         env = os.environ if environ is None else environ
-        return cls(prompt_ttl_seconds=_positive_int(env, "VPAY_PROMPT_TTL_SECONDS", 900))
+        return cls(prompt_ttl_seconds=_positive_int(env, "VPAY_PROMPT_TTL_SECONDS", 900),
+                   api_rail_timeout_seconds=_seconds(env, "VPAY_API_RAIL_TIMEOUT_SECONDS",
+                                                     API_RAIL_TIMEOUT_SECONDS, 60.0))

@@ -11,6 +11,10 @@ queue carries webhook fan-out and delivery").
   schedule, then ``DeadLetter`` (the loop parks the job and writes a
   ``job_dead_lettered`` alert). A disabled endpoint's pending deliveries end
   ``Done`` without a request. The attempt number is the job's ``attempts``.
+* An endpoint that is timing out is backed off as a whole
+  (``vpay.webhooks.backoff``): while it is, its deliveries are deferred to
+  the end of the back-off without a POST and without spending an attempt,
+  so one merchant's hanging endpoint cannot take the webhook lane.
 
 No database connection is held during the POST. Delivery is at-least-once:
 a worker that dies (or whose drain times out) after the receiver got the
@@ -21,6 +25,7 @@ request but before the job's row was finished delivers again, with the same
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +34,7 @@ from psycopg.rows import dict_row
 from .. import webhooks
 from ..outcome import DeadLetter, Done, RetryAfter
 from ..queries import Q
+from ..webhooks import backoff
 from .registry import register
 
 log = logging.getLogger("vpay.webhooks")
@@ -67,6 +73,14 @@ def deliver(job, ctx):
         _record(ctx, event_id, endpoint_id, "skipped", job.attempts, None, "endpoint disabled")
         log.info("webhook delivery ended: endpoint disabled", extra=fields)
         return Done("endpoint disabled")
+    with ctx.pool.connection() as conn:
+        held = backoff.gate(conn, endpoint_id,
+                            webhooks.attempt_deadline(connect_timeout, read_timeout) + 5.0)
+    if held.wait_seconds > 0:
+        wait = held.wait_seconds + random.uniform(0.0, 1.0)  # spread the waiters' wake-up
+        log.info("webhook delivery deferred: endpoint backed off",
+                 extra=fields | {"retry_in_seconds": round(wait, 1)})
+        return RetryAfter(wait, "endpoint backed off: it is timing out", attempt_spent=False)
 
     body = webhooks.payload({"id": row["event_id"], "type": row["type"],
                              "created_at": row["created_at"], "data": row["data"]})
@@ -74,6 +88,8 @@ def deliver(job, ctx):
                                       [row["secret"], row["previous_secret"]])
     attempt = webhooks.post(row["url"], body, headers, connect_timeout=connect_timeout,
                             read_timeout=read_timeout, allow_private=webhooks.allow_private())
+    with ctx.pool.connection() as conn:
+        backoff.note(conn, endpoint_id, attempt)
     decision = webhooks.decide(attempt, job.attempts)
     fields |= {"status_code": attempt.status_code, "seconds": round(attempt.elapsed, 3),
                "result": attempt.summary, "address": attempt.address}
