@@ -271,3 +271,24 @@ def test_a_hanging_endpoint_is_backed_off_as_a_whole_and_others_are_delivered(db
     finally:
         hold.set()
         rx.close()
+
+
+# --- settings are checked at boot -------------------------------------------------
+
+_RAIL = {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9", "VPAY_MTN_SUBSCRIPTION_KEY": "k",
+         "VPAY_MTN_API_USER": "u", "VPAY_MTN_API_KEY": "p"}
+
+
+@pytest.mark.parametrize("command", [["vpay-worker"], ["vpay-server", "api", "--bind", "127.0.0.1:9"]],
+                         ids=["worker", "api"])
+@pytest.mark.parametrize("name, value", [
+    ("VPAY_MTN_TOTAL_TIMEOUT_SECONDS", "0"), ("VPAY_MTN_TOTAL_TIMEOUT_SECONDS", "abc"),
+    ("VPAY_MTN_MAX_PAUSE_SECONDS", "-5"), ("VPAY_API_RAIL_TIMEOUT_SECONDS", "inf"),
+    ("VPAY_API_RAIL_TIMEOUT_SECONDS", "61"),
+])
+def test_bad_deadline_and_pause_settings_are_refused_at_boot_with_78(db_url, command, name, value):
+    import subprocess
+    from support import script
+    res = subprocess.run([script(command[0]), *command[1:]], env=base_env(db_url, **_RAIL, **{name: value}),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
