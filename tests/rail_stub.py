@@ -63,7 +63,11 @@ class _Script:
 
 
 class MomoStub:
-    def __init__(self):
+    """``default_outcome``: ``(amount, currency)`` every unscripted
+    reference succeeds with (None: PENDING)."""
+
+    def __init__(self, default_outcome: tuple[str, str] | None = None):
+        self.default_outcome = default_outcome
         self._lock = threading.Lock()
         self.log: list[Logged] = []
         self.trickles: dict[str, list[Trickle]] = {}
@@ -163,7 +167,7 @@ class MomoStub:
             if revoke:
                 script.revoke -= 1
                 self._tokens.clear()
-            outcome, trickle = script.outcome, script.trickle
+            outcome, trickle = script.outcome or self.default_outcome, script.trickle
         if throttled is not None:
             return self._send(h, entry, 429, {"code": "RATE_LIMIT_EXCEEDED", "message": "slow down"},
                               {"Retry-After": throttled})
@@ -252,3 +256,69 @@ class HangingRail:
         for conn in self._held:
             conn.close()
         self.sock.close()
+
+
+class OrangeTrickle:
+    """An Orange Money Web Payment API whose token endpoint answers at once
+    and whose every ``transactionstatus`` answer trickles (headers at once,
+    then the body one byte a second). ``reads`` counts status reads."""
+
+    def __init__(self):
+        self.reads = 0
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("content-length", 0) or 0))
+                if self.path.startswith("/oauth/v3/token"):
+                    data = json.dumps({"token_type": "Bearer", "access_token": uuid.uuid4().hex,
+                                       "expires_in": 3600}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                stub.reads += 1
+                data = json.dumps({"status": "INITIATED", "order_id": "x" * 30, "txnid": None,
+                                   "message": "y" * 200}).encode()
+                try:
+                    self.send_response(201)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.flush()
+                    for i in range(len(data)):
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(1.0)
+                except OSError:
+                    pass
+                self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.block_on_close = False
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def env(self) -> dict[str, str]:
+        return {"VPAY_ORANGE_BASE_URL": self.url, "VPAY_ORANGE_CLIENT_ID": "c",
+                "VPAY_ORANGE_CLIENT_SECRET": "s", "VPAY_ORANGE_MERCHANT_KEY": "mk",
+                "VPAY_ORANGE_COUNTRY": "dev",
+                "VPAY_ORANGE_NOTIF_URL": "http://127.0.0.1:9/provider/orange/callback",
+                "VPAY_ORANGE_RETURN_URL": "http://127.0.0.1:9/return",
+                "VPAY_ORANGE_CANCEL_URL": "http://127.0.0.1:9/cancel"}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -221,7 +221,7 @@ def test_the_api_answers_health_callbacks_and_reads_while_the_rail_hangs(db, db_
         assert read.status_code == 200 and read.json()["id"] == existing.intent["id"]
         assert [a.status_code for a in answers] == [201] * 8
         assert {a.json()["status"] for a in answers} == {"processing"}
-        # Not one of them reached the rail: each is left to the worker's resubmit.
+        # None was confirmed by the hung rail: each is left to the worker's resubmit.
         created = [a.json()["latest_charge"] for a in answers]
         rows = db.execute("SELECT c.submitted_at IS NULL, j.id IS NOT NULL FROM charges c LEFT JOIN jobs j "
                           "ON j.dedupe_key = 'resubmit:' || c.id WHERE c.id = ANY(%s)", (created,)).fetchall()
