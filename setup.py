@@ -30,6 +30,11 @@ setup(
             "responses>=0.25",
             "hypothesis>=6.100",
             "pytest-timeout>=2.2",
+            # An independent published MoMo client the sandbox conformance test
+            # drives (tests/unit/test_sandbox_published_client.py). Not mtnmomo: it
+            # pins requests==2.21.0 and Click==7.0, which cannot install beside
+            # vpay (docs/sandbox.md, "Conformance").
+            "mtn-momo-client>=2.0.1,<3",
         ],
     },
     entry_points={

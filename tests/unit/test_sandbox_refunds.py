@@ -175,7 +175,7 @@ def test_refund_of_an_unknown_or_unsuccessful_collection_fails_with_a_reason(rai
     assert r.status_code == 202  # accepted, then FAILED on the status read
     body = momo.refund_status(ref).json()
     assert body["status"] == "FAILED"
-    assert body["reason"]["code"] == reason
+    assert body["reason"] == reason
 
 
 def test_duplicate_reference_is_409_and_bad_requests_are_400(rail, momo):
@@ -209,7 +209,7 @@ def test_scripted_refund_pending_reads_then_failed(rail, momo):
     ref, _ = momo.refund(target)
     assert [momo.refund_status(ref).json()["status"] for _ in range(4)] == \
         ["PENDING", "PENDING", "FAILED", "FAILED"]
-    assert momo.refund_status(ref).json()["reason"]["code"] == "NOT_ENOUGH_FUNDS"
+    assert momo.refund_status(ref).json()["reason"] == "NOT_ENOUGH_FUNDS"
 
 
 def test_scripted_refund_status_errors_come_first(rail, momo):

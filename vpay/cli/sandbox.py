@@ -1,4 +1,5 @@
-"""``vpay-server sandbox-rail``: the MoMo-shaped sandbox rail on its own (demos, local development)."""
+"""``vpay-server sandbox-rail``: the MoMo-shaped sandbox rail on its own (demos, local development).
+Its full behaviour is in docs/sandbox.md."""
 
 from __future__ import annotations
 
@@ -16,11 +17,18 @@ log = logging.getLogger("vpay.cli")
 @click.option("--port", default=8090, show_default=True, type=int)
 @click.option("--success-after-seconds", default=3.0, show_default=True, type=float,
               help="Payers outside MTN's failure numbers succeed this long after the request-to-pay.")
-def sandbox_rail(host: str, port: int, success_after_seconds: float) -> None:
-    """A local HTTP server speaking the MTN MoMo Collection API (demos and tests).
+@click.option("--reason-shape", type=click.Choice(["string", "object"]), default="string", show_default=True,
+              help="A FAILED status's reason: a plain string (MTN's published shape) or {code, message}.")
+@click.option("--target-environment", envvar="VPAY_MTN_TARGET_ENVIRONMENT", default="sandbox",
+              show_default=True,
+              help="The X-Target-Environment it answers to (env VPAY_MTN_TARGET_ENVIRONMENT). "
+                   "'sandbox' takes EUR only, as MTN's sandbox does; any other name takes any currency.")
+def sandbox_rail(host: str, port: int, success_after_seconds: float, reason_shape: str,
+                 target_environment: str) -> None:
+    """A local HTTP server speaking the MTN MoMo Collection and Disbursement APIs (demos and tests).
 
     Credentials it accepts are those of VPAY_MTN_SUBSCRIPTION_KEY, VPAY_MTN_API_USER,
-    VPAY_MTN_API_KEY (defaults: the sandbox's own)."""
+    VPAY_MTN_API_KEY (defaults: the sandbox's own MTN-shaped ones, see docs/sandbox.md)."""
     import signal as _signal
     from ..sandbox.mtn import SandboxRail
     kwargs = {k: v for k, v in {
@@ -28,7 +36,8 @@ def sandbox_rail(host: str, port: int, success_after_seconds: float) -> None:
         "api_user": os.environ.get("VPAY_MTN_API_USER"),
         "api_key": os.environ.get("VPAY_MTN_API_KEY"),
     }.items() if v}
-    rail = SandboxRail(host, port, success_after_seconds=success_after_seconds, **kwargs)
+    rail = SandboxRail(host, port, success_after_seconds=success_after_seconds, reason_shape=reason_shape,
+                       target_environment=target_environment, **kwargs)
 
     def _stop(signum, frame):
         raise KeyboardInterrupt

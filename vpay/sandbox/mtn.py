@@ -14,18 +14,25 @@ MoMo endpoints served (``{base}`` is ``SandboxRail.url``)::
     POST {base}/collection/v1_0/requesttopay               -> 202, empty body
         needs Authorization: Bearer <token from this server>, Ocp-Apim-Subscription-Key,
         X-Target-Environment, X-Reference-Id (UUIDv4), optional X-Callback-Url; JSON body
-        {amount: "string", currency, externalId, payer: {partyIdType: "MSISDN", partyId},
+        {amount: "string", currency, externalId?, payer: {partyIdType: "MSISDN", partyId},
          payerMessage?, payeeNote?} (messages at most 160 characters)
     GET  {base}/collection/v1_0/requesttopay/{referenceId} -> 200 status body (even for FAILED)
-        {amount, currency, financialTransactionId (SUCCESSFUL only), externalId, payer,
-         payerMessage, payeeNote, status, reason (FAILED only)}
+        {amount, currency, financialTransactionId (SUCCESSFUL only), externalId (when sent),
+         payer, payerMessage, payeeNote, status, reason (FAILED only)}
+    GET  {base}/{product}/v1_0/account/balance[/{currency}]   (product: collection|disbursement)
+        -> 200 {availableBalance: "decimal string", currency}: ``opening_balance`` plus the
+        SUCCESSFUL collections (Collection) or minus the SUCCESSFUL refunds (Disbursement)
+        in ``account_currency`` (EUR); another {currency} -> 500 INVALID_CURRENCY
+    GET  {base}/{product}/v1_0/accountholder/{msisdn|email}/{accountHolderId}/active
+        -> 200 {"result": true|false}: false for 46733123455 (PAYER_NOT_FOUND) and for a
+        payer scripted ``active=False``; 400 BAD_REQUEST for another id type or a bad id
     POST {base}/disbursement/token/                        -> as the collection token, with the
         Disbursement credentials (constructor ``disbursement_*``, default: the Collection ones);
         a Collection token is refused by Disbursement endpoints and vice versa
     POST {base}/disbursement/v1_0/refund                   -> 202, empty body
         needs a Disbursement Bearer token and subscription key, X-Target-Environment,
         X-Reference-Id (UUIDv4, the refund's id); JSON body {amount: "string", currency,
-        externalId, payerMessage?, payeeNote?, referenceIdToRefund (a request-to-pay's
+        externalId?, payerMessage?, payeeNote?, referenceIdToRefund (a request-to-pay's
         X-Reference-Id)}; 409 RESOURCE_ALREADY_EXIST for a duplicate X-Reference-Id
     GET  {base}/disbursement/v1_0/refund/{referenceId}     -> 200 refund status body
         {amount, currency, financialTransactionId (SUCCESSFUL only), externalId, payee,
@@ -40,14 +47,29 @@ Both codes are this sandbox's own: MoMo documents none for these cases. The
 amount is not checked against the collection's (vpay checks it before it
 asks). A refund is scripted through the refunded collection's payer (below).
 
-Errors are MoMo-shaped ``{"code": ..., "message": ...}``: 401 bad subscription
-key / credentials / token; 400 ``NOT_ALLOWED_TARGET_ENVIRONMENT`` or
-``BAD_REQUEST`` (bad X-Reference-Id, bad body); 409 ``RESOURCE_ALREADY_EXIST``
-(duplicate X-Reference-Id); 404 ``RESOURCE_NOT_FOUND``; 500
+The Balance and account-holder endpoints need the product's own token and
+subscription key and the target environment, like every other call.
+
+Errors are MoMo-shaped ``{"code": ..., "message": ...}``, with the HTTP
+statuses of MTN's common-errors table: 401 bad subscription key / credentials
+/ token; 400 ``BAD_REQUEST`` (bad X-Reference-Id, bad body); 409
+``RESOURCE_ALREADY_EXIST`` (duplicate X-Reference-Id); 404
+``RESOURCE_NOT_FOUND``; 500 ``NOT_ALLOWED_TARGET_ENVIRONMENT`` (an
+X-Target-Environment other than ``target_environment``), 500
+``INVALID_CURRENCY`` (in the ``sandbox`` target environment, any currency but
+EUR: MTN's sandbox is EUR only; nothing is recorded), 500
 ``INVALID_CALLBACK_URL_HOST`` (callback host not allowed, see
-``callback_hosts``). ``reason`` on a FAILED status is ``{code, message}`` or a
-plain string (constructor option ``reason_shape="object"|"string"``): real
-deployments differ, and clients must accept both.
+``callback_hosts``).
+
+``reason`` on a FAILED status is a plain string by default
+(``"reason": "APPROVAL_REJECTED"``, MTN's published shape);
+``reason_shape="object"`` (CLI ``--reason-shape object``) gives
+``{code, message}`` instead, a shape some deployments and clients use: vpay's
+adapter accepts both.
+
+Default credentials are MTN-shaped (``DEFAULT_SUBSCRIPTION_KEY``: 32 hex
+characters, ``DEFAULT_API_USER``: a UUID v4, ``DEFAULT_API_KEY``: 32 hex
+characters), so clients that check the shapes accept them.
 
 Default behaviour by payer MSISDN (MTN's published sandbox numbers,
 ``SANDBOX_FAILURES``): the payers below end FAILED with the given reason,
@@ -91,6 +113,8 @@ and applies to every transaction of that payer created after it is set:
   client's read timeout). A request-to-pay is recorded (or not) before the
   sleep, as a real rail would.
 * ``callback: bool`` (default True) - send the callback (below).
+* ``active: bool`` - what the account-holder check answers for this payer
+  (default: true, false for 46733123455).
 * Refunds of this payer's collections, created after the script is set:
   ``refund_pending_reads: int``, ``refund_outcome``, ``refund_reason``,
   ``refund_status_errors: list[int]``, ``refund_status_delay_seconds`` work
@@ -154,6 +178,7 @@ import urllib.parse
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Iterable, Mapping
 
@@ -164,6 +189,7 @@ __all__ = [
     "DEFAULT_SUBSCRIPTION_KEY",
     "DEFAULT_API_USER",
     "DEFAULT_API_KEY",
+    "SANDBOX_CURRENCY",
     "main",
 ]
 
@@ -171,9 +197,18 @@ from .server import SandboxServer, is_loopback_host  # noqa: E402
 
 log = logging.getLogger("vpay.sandbox.mtn")
 
-DEFAULT_SUBSCRIPTION_KEY = "sandbox-key"
+# MTN-shaped defaults (docs/sandbox.md "Credentials"): a subscription key is
+# 32 hex characters, an API user a UUID version 4, an API key 32 hex
+# characters, as MTN's portal and its sandbox provisioning API hand them out.
+# They open this local double only: not secrets, never valid at MTN.
+DEFAULT_SUBSCRIPTION_KEY = "0f3c5a7e9b1d4f6a8c2e4b6d8f0a1c3e"
 DEFAULT_API_USER = "7c1e3f0a-5b2d-4e8a-9c6f-0d1b2a3c4e5f"
-DEFAULT_API_KEY = "sandbox-api-key"
+DEFAULT_API_KEY = "5d2b8e4f1a7c4e9b8d3f6a2c9e1b7d40"
+
+#: The only currency MTN's sandbox (``X-Target-Environment: sandbox``) takes.
+SANDBOX_CURRENCY = "EUR"
+#: What each account (Collection, Disbursement) holds before any transaction.
+DEFAULT_OPENING_BALANCE = "1000.00"
 
 #: MTN's sandbox payer numbers and the reason each one FAILs with.
 SANDBOX_FAILURES: dict[str, str] = {
@@ -237,7 +272,7 @@ _CALLBACK_TIMEOUT = 5.0
 
 _SCRIPT_KEYS = frozenset({
     "pending_reads", "outcome", "reason", "status_errors", "rtp_errors",
-    "rtp_record_then_error", "status_delay_seconds", "rtp_delay_seconds", "callback",
+    "rtp_record_then_error", "status_delay_seconds", "rtp_delay_seconds", "callback", "active",
     "refund_pending_reads", "refund_outcome", "refund_reason", "refund_status_errors",
     "refund_errors", "refund_record_then_error", "refund_status_delay_seconds",
 })
@@ -245,6 +280,10 @@ _SCRIPT_KEYS = frozenset({
 COLLECTION, DISBURSEMENT = "collection", "disbursement"
 _RTP_PATH = "/collection/v1_0/requesttopay"
 _REFUND_PATH = "/disbursement/v1_0/refund"
+_BALANCE_RE = re.compile(r"^/(collection|disbursement)/v1_0/account/balance(?:/([^/]+))?/?$")
+_HOLDER_RE = re.compile(r"^/(collection|disbursement)/v1_0/accountholder/([^/]+)/([^/]+)/active/?$")
+_MSISDN_RE = re.compile(r"^\+?[0-9]{5,15}$")  # ITU-T E.164: at most 15 digits
+_EMAIL_RE = re.compile(r"^[^@\s/]+@[^@\s/]+\.[^@\s/]+$")
 REFUND_TARGET_NOT_FOUND = "REFUND_TARGET_NOT_FOUND"
 REFUND_TARGET_NOT_SUCCESSFUL = "REFUND_TARGET_NOT_SUCCESSFUL"
 
@@ -263,6 +302,7 @@ class _Script:
     status_delay_seconds: float = 0.0
     rtp_delay_seconds: float = 0.0
     callback: bool = True
+    active: bool | None = None
     refund_pending_reads: int | None = None
     refund_outcome: str | None = None
     refund_reason: str | None = None
@@ -282,6 +322,7 @@ class _Script:
             "status_delay_seconds": self.status_delay_seconds,
             "rtp_delay_seconds": self.rtp_delay_seconds,
             "callback": self.callback,
+            "active": self.active,
             "refund_pending_reads": self.refund_pending_reads,
             "refund_outcome": self.refund_outcome,
             "refund_reason": self.refund_reason,
@@ -297,7 +338,7 @@ class _Txn:
     reference: str
     amount: str
     currency: str
-    external_id: str
+    external_id: str | None  # optional in MTN's request body
     payer: dict[str, str]
     payer_message: str
     payee_note: str
@@ -415,6 +456,10 @@ def _parse_script(opts: Mapping[str, Any]) -> _Script:
         if not isinstance(opts["callback"], bool):
             raise ValueError("callback must be true or false")
         s.callback = opts["callback"]
+    if opts.get("active") is not None:
+        if not isinstance(opts["active"], bool):
+            raise ValueError("active must be true or false")
+        s.active = opts["active"]
     return s
 
 
@@ -533,16 +578,24 @@ class SandboxRail:
         target_environment: str = "sandbox",
         success_after_seconds: float = 3.0,
         token_ttl_seconds: int = 3600,
-        reason_shape: str = "object",
+        reason_shape: str = "string",
         callback_method: str = "POST",
         callback_hosts: Iterable[str] | None = None,
         max_log_entries: int = 100_000,
         disbursement_subscription_key: str | None = None,
         disbursement_api_user: str | None = None,
         disbursement_api_key: str | None = None,
+        opening_balance: str = DEFAULT_OPENING_BALANCE,
+        account_currency: str = SANDBOX_CURRENCY,
     ) -> None:
         if reason_shape not in ("object", "string"):
             raise ValueError("reason_shape must be 'object' or 'string'")
+        if not isinstance(opening_balance, str) or not _AMOUNT_RE.match(opening_balance):
+            raise ValueError("opening_balance must be a non-negative decimal string, e.g. '1000.00'")
+        if not re.fullmatch(r"[A-Z]{3}", account_currency or ""):
+            raise ValueError("account_currency must be an ISO 4217 code")
+        if target_environment == "sandbox" and account_currency != SANDBOX_CURRENCY:
+            raise ValueError(f"the sandbox target environment has {SANDBOX_CURRENCY} accounts only")
         if callback_method not in ("POST", "PUT"):
             raise ValueError("callback_method must be 'POST' or 'PUT'")
         if success_after_seconds < 0 or token_ttl_seconds <= 0:
@@ -558,6 +611,10 @@ class SandboxRail:
         self.success_after_seconds = float(success_after_seconds)
         self.token_ttl_seconds = token_ttl_seconds
         self.reason_shape = reason_shape
+        #: each account's balance before any transaction (major units, decimal string)
+        self.opening_balance = opening_balance
+        #: the currency of both accounts (the balance counts transactions in it only)
+        self.account_currency = account_currency
         self.callback_method = callback_method
         #: None = loopback hosts only; "*" in the collection = any host.
         self.callback_hosts = None if callback_hosts is None else frozenset(h.lower() for h in callback_hosts)
@@ -833,8 +890,9 @@ class SandboxRail:
         body: dict[str, Any] = {"amount": txn.amount, "currency": txn.currency}
         if txn.status == SUCCESSFUL and txn.financial_transaction_id:
             body["financialTransactionId"] = txn.financial_transaction_id
+        if txn.external_id is not None:
+            body["externalId"] = txn.external_id
         body.update({
-            "externalId": txn.external_id,
             "payer": dict(txn.payer),
             "payerMessage": txn.payer_message,
             "payeeNote": txn.payee_note,
@@ -950,7 +1008,18 @@ class SandboxRail:
         with self._lock:
             self._log.append(entry)
         try:
-            if path in ("/collection/token/", "/collection/token"):
+            balance = _BALANCE_RE.match(path)
+            holder = _HOLDER_RE.match(path)
+            if balance or holder:
+                if method != "GET":
+                    resp = _method_not_allowed()
+                elif balance:
+                    resp = self._balance(headers, balance.group(1), balance.group(2))
+                else:
+                    resp = self._account_holder(headers, holder.group(1),
+                                                urllib.parse.unquote(holder.group(2)),
+                                                urllib.parse.unquote(holder.group(3)))
+            elif path in ("/collection/token/", "/collection/token"):
                 resp = self._token(method, headers) if method == "POST" else _method_not_allowed()
             elif path == "/collection/v1_0/requesttopay":
                 resp = self._request_to_pay(headers, body) if method == "POST" else _method_not_allowed()
@@ -1007,8 +1076,18 @@ class SandboxRail:
         return None
 
     def _check_target(self, headers: Any) -> _Resp | None:
+        # HTTP 500, not 400: MTN's common-errors table (docs/sandbox.md, "Errors").
         if headers.get("X-Target-Environment") != self.target_environment:
-            return _error(400, "NOT_ALLOWED_TARGET_ENVIRONMENT")
+            return _error(500, "NOT_ALLOWED_TARGET_ENVIRONMENT")
+        return None
+
+    def _check_currency(self, currency: str) -> _Resp | None:
+        """MTN's sandbox takes EUR only: another currency is refused with
+        500 ``INVALID_CURRENCY`` and nothing is recorded. Other target
+        environments take any ISO 4217 code."""
+        if self.target_environment == "sandbox" and currency != SANDBOX_CURRENCY:
+            return _error(500, "INVALID_CURRENCY",
+                          f"Currency {currency} is not supported: the sandbox takes {SANDBOX_CURRENCY} only")
         return None
 
     def _token(self, method: str, headers: Any, product: str = COLLECTION) -> _Resp:
@@ -1048,6 +1127,9 @@ class SandboxRail:
         parsed = _parse_rtp_body(raw)
         if isinstance(parsed, _Resp):
             return parsed
+        err = self._check_currency(parsed["currency"])
+        if err:
+            return err
         callback_url = headers.get("X-Callback-Url") or None
         if callback_url is not None:
             err = self._check_callback_url(callback_url)
@@ -1102,7 +1184,7 @@ class SandboxRail:
             reference=ref,
             amount=body["amount"],
             currency=body["currency"],
-            external_id=body["externalId"],
+            external_id=body.get("externalId"),
             payer=dict(body["payer"]),
             payer_message=body.get("payerMessage", ""),
             payee_note=body.get("payeeNote", ""),
@@ -1178,6 +1260,9 @@ class SandboxRail:
         parsed = _parse_refund_body(raw)
         if isinstance(parsed, _Resp):
             return parsed
+        err = self._check_currency(parsed["currency"])
+        if err:
+            return err
         self._fire_due_timers()  # a collection whose success timer is due counts as SUCCESSFUL
         with self._cond:
             original = self._txns.get(parsed["referenceIdToRefund"])
@@ -1209,6 +1294,70 @@ class SandboxRail:
                              parsed["referenceIdToRefund"], parsed["amount"], parsed["currency"])
         return resp
 
+    def _product_checks(self, headers: Any, product: str) -> _Resp | None:
+        """Subscription key and Bearer token of ``product``, then the target environment."""
+        for check in (self._check_subscription, self._check_bearer):
+            err = check(headers, product)
+            if err:
+                return err
+        return self._check_target(headers)
+
+    def _balance(self, headers: Any, product: str, currency: str | None) -> _Resp:
+        """``GET /{product}/v1_0/account/balance[/{currency}]`` -> 200
+        ``{availableBalance: "decimal string", currency}``: the opening balance
+        plus the SUCCESSFUL collections (Collection account) or minus the
+        SUCCESSFUL refunds (Disbursement account) in ``account_currency``.
+        Another ``currency`` in the path: 500 ``INVALID_CURRENCY`` (MTN's
+        "Currency not supported on the requested account")."""
+        err = self._product_checks(headers, product)
+        if err:
+            return err
+        if currency is not None and urllib.parse.unquote(currency) != self.account_currency:
+            return _error(500, "INVALID_CURRENCY", "Currency not supported on the requested account")
+        return _Resp(200, {"availableBalance": self.balance(product), "currency": self.account_currency})
+
+    def balance(self, product: str = COLLECTION) -> str:
+        """The ``availableBalance`` the balance endpoint of ``product``
+        (``"collection"`` or ``"disbursement"``) answers now, as a decimal string."""
+        if product not in (COLLECTION, DISBURSEMENT):
+            raise ValueError("product must be 'collection' or 'disbursement'")
+        self._fire_due_timers()
+        total = Decimal(self.opening_balance)
+        with self._lock:
+            table, sign = (self._txns, 1) if product == COLLECTION else (self._refunds, -1)
+            for txn in table.values():
+                if txn.status == SUCCESSFUL and txn.currency == self.account_currency:
+                    try:
+                        total += sign * Decimal(txn.amount)
+                    except InvalidOperation:  # an amount forced through set_status
+                        continue
+        return str(total)
+
+    def _account_holder(self, headers: Any, product: str, id_type: str, holder: str) -> _Resp:
+        """``GET /{product}/v1_0/accountholder/{accountHolderIdType}/{accountHolderId}/active``
+        -> 200 ``{"result": bool}``. ``accountHolderIdType`` is ``msisdn``
+        (E.164 digits) or ``email``, in small letters as MTN's docs require;
+        anything else is 400 ``BAD_REQUEST``. ``result`` is false for MTN's
+        PAYER_NOT_FOUND sandbox number (46733123455) and for a payer scripted
+        ``active=False``; true otherwise (a script's ``active=True`` wins)."""
+        err = self._product_checks(headers, product)
+        if err:
+            return err
+        if id_type == "msisdn":
+            if not _MSISDN_RE.match(holder):
+                return _error(400, "BAD_REQUEST", "accountHolderId must be an MSISDN (ITU-T E.164)")
+            holder = holder.lstrip("+")
+        elif id_type == "email":
+            if not _EMAIL_RE.match(holder):
+                return _error(400, "BAD_REQUEST", "accountHolderId must be an e-mail address")
+        else:
+            return _error(400, "BAD_REQUEST", "accountHolderIdType must be msisdn or email (small letters)")
+        with self._lock:
+            script = self._scripts.get(holder)
+            scripted = script.active if script else None
+        active = scripted if scripted is not None else SANDBOX_FAILURES.get(holder) != "PAYER_NOT_FOUND"
+        return _Resp(200, {"result": active})
+
     def _new_refund(self, ref: str, body: dict[str, Any], original: _Txn | None,
                     script: _Script | None) -> _Txn:
         read_driven = bool(script and (script.refund_pending_reads is not None
@@ -1221,7 +1370,7 @@ class SandboxRail:
             reference=ref,
             amount=body["amount"],
             currency=body["currency"],
-            external_id=body["externalId"],
+            external_id=body.get("externalId"),
             payer=dict(original.payer) if original else {"partyIdType": "MSISDN", "partyId": ""},
             payer_message=body.get("payerMessage", ""),
             payee_note=body.get("payeeNote", ""),
@@ -1335,8 +1484,9 @@ def _json_object(raw: bytes, allow_empty: bool = False) -> dict[str, Any]:
 
 def _parse_money_body(raw: bytes, extra: Callable[[dict[str, Any]], str | None]) -> dict[str, Any] | _Resp:
     """The checks a request-to-pay and a refund body share (``amount`` as a
-    positive decimal string, ``currency``, ``externalId``, messages of at
-    most 160 characters), then ``extra(body)``: an error text, or None."""
+    positive decimal string, ``currency``, ``externalId`` a string when
+    present, messages of at most 160 characters), then ``extra(body)``: an
+    error text, or None."""
     def bad(msg: str) -> _Resp:
         return _error(400, "BAD_REQUEST", msg)
 
@@ -1352,7 +1502,9 @@ def _parse_money_body(raw: bytes, extra: Callable[[dict[str, Any]], str | None])
     currency = body.get("currency")
     if not isinstance(currency, str) or not re.fullmatch(r"[A-Z]{3}", currency):
         return bad("currency must be an ISO 4217 code")
-    if not isinstance(body.get("externalId"), str):
+    # Optional: MTN's published schema requires none of the body's fields,
+    # and the client libraries send externalId only when given.
+    if "externalId" in body and not isinstance(body["externalId"], str):
         return bad("externalId must be a string")
     problem = extra(body)
     if problem:
@@ -1401,7 +1553,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=DEFAULT_API_KEY)
     p.add_argument("--target-environment", default="sandbox")
     p.add_argument("--success-after", type=float, default=3.0, help="seconds until a payment succeeds")
-    p.add_argument("--reason-shape", choices=("object", "string"), default="object")
+    p.add_argument("--reason-shape", choices=("string", "object"), default="string",
+                   help="a FAILED status's reason: a plain string (MTN's published shape) or {code, message}")
     p.add_argument("--callback-host", action="append", default=None, metavar="HOST",
                    help="allow callbacks to HOST (repeatable; '*' = any); default: loopback only")
     args = p.parse_args(argv)

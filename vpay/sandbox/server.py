@@ -1,5 +1,5 @@
-"""HTTP plumbing shared by the sandbox rails (``sandbox.py`` for MoMo,
-``sandbox_orange.py`` for Orange Money): a threaded server that never blocks
+"""HTTP plumbing shared by the sandbox rails (``mtn.py`` for MoMo,
+``orange.py`` for Orange Money): a threaded server that never blocks
 ``stop()`` on a handler, and the loopback check their callback rules use."""
 
 from __future__ import annotations
