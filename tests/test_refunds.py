@@ -459,3 +459,20 @@ def test_escalation_is_one_transition_and_one_alert(db, db_url, merchant):
     assert refunds.settle_refund(db, refund["id"], StatusKind.FAILED, failure_code="EXPIRED").transitioned
     assert refunds.escalate_refund(db, refund["id"], 24 * 3600) is False
     assert _status(db, refund["id"]) == "failed"
+
+
+def test_a_refund_whose_poll_was_dead_lettered_is_still_escalated_by_the_sweep(db, db_url, merchant, spawn):
+    # The hourly sweep escalates refunds as it does charges: a dead-lettered
+    # refund_poll must not hide a refund past the horizon ("The escalation does
+    # not depend on the rail answering").
+    charge_id = _succeeded_charge(db, merchant)
+    refund = refunds.create_refund(db, charge_id=charge_id)
+    db.execute("UPDATE jobs SET run_at = 'infinity', last_error = 'parked by the test' WHERE dedupe_key = %s",
+               (f"refund_poll:{refund['id']}",))
+    db.execute("UPDATE refunds SET created_at = now() - interval '25 hours' WHERE id = %s", (refund["id"],))
+    worker = spawn("vpay-worker", "--idle-sleep", "0.1", env=base_env(db_url))
+    # sweep:expired exists from boot and runs at once
+    wait_until(lambda: _status(db, refund["id"]) == "unresolved", timeout=30,
+               what="the sweep to escalate the refund whose poll is dead-lettered")
+    assert db.execute("SELECT kind, refund_id FROM alerts").fetchall() == [("refund_unresolved", refund["id"])]
+    assert worker.wait_for_log("sweep")["escalated_refunds"] == 1

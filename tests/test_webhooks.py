@@ -502,20 +502,33 @@ def test_the_connection_goes_to_the_address_that_was_checked(db, pool, receiver,
 
 
 def test_an_endpoint_row_with_a_private_url_is_refused_at_delivery_without_the_flag(
-        db, pool, receiver, no_dev_flag):
+        db, pool, receiver, no_dev_flag, monkeypatch):
+    # Refused for good, it holds the endpoint (one alert naming the reason),
+    # not one dead letter per delivery; enabling it re-queues what waited.
     merchants.create_merchant(db, "m1")
     we = new_id("we")
     db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret) VALUES (%s, 'm1', %s, %s)",
                (we, receiver.url("/a"), webhooks.new_secret()))
-    settle(db, make_payment(db, "m1"))
+    settled = [settle(db, make_payment(db, "m1")) for _ in range(3)]
     run_queue(pool, db)
     assert receiver.posts() == []
-    parked, reason = db.execute("SELECT run_at = 'infinity', last_error FROM jobs "
-                                "WHERE kind = 'deliver'").fetchone()
-    assert parked and "https" in reason and "permanent" in reason
-    alert = db.execute("SELECT details FROM alerts WHERE kind = 'job_dead_lettered'").fetchone()[0]
-    assert alert["dedupe_key"].startswith("deliver:") and alert["dedupe_key"].endswith(we)
-    assert db.execute("SELECT status FROM webhook_deliveries").fetchone() == ("dead_lettered",)
+    assert db.execute("SELECT count(*) FROM jobs").fetchone() == (0,)  # nothing dead-lettered
+    assert db.execute("SELECT enabled, disabled_cause FROM webhook_endpoints").fetchone() == (False, "url_policy")
+    [(kind, details)] = db.execute("SELECT kind, details FROM alerts").fetchall()
+    assert kind == "webhook_endpoint_disabled" and details["endpoint_id"] == we
+    assert "the scheme must be https" in details["reason"]
+    assert {r[0] for r in db.execute("SELECT status FROM webhook_deliveries")} == {"held"}
+    later = settle(db, make_payment(db, "m1"))  # while held: the fan-out passes it by
+    run_queue(pool, db)
+    assert db.execute("SELECT count(*) FROM webhook_deliveries").fetchone() == (3,)
+
+    # the operator fixes the worker (here: the flag), then enables the endpoint
+    monkeypatch.setenv(webhooks.ALLOW_PRIVATE_ENV, "1")
+    assert webhooks.enable_endpoint(db, we)["requeued"] == 4
+    run_queue(pool, db)
+    assert sorted(json.loads(p.body)["id"] for p in receiver.posts("/a")) == sorted(settled + [later])
+    assert {r[0] for r in db.execute("SELECT status FROM webhook_deliveries")} == {"delivered"}
+    assert webhooks.enable_endpoint(db, we)["requeued"] == 0  # nothing waits any more
 
 
 def _openssl_certs(tmp: Path, name: str) -> tuple[str, str, str]:

@@ -76,12 +76,36 @@ def embedded_url(data_dir: str | os.PathLike) -> str:
     return server.get_uri()
 
 
+def check_url(url: str) -> str:
+    """``url`` when it is a libpq URL (``postgresql://`` or ``postgres://``,
+    or a ``key=value`` conninfo string) that names its database; raises
+    ``ConfigError`` otherwise (exit 78 at once, no connection tried).
+
+    A URL without a database (a bare ``postgres://``, ``postgresql://host``)
+    is refused rather than left to libpq's defaults (the database named like
+    the OS user, on the default socket), which may be another service's
+    database: write it, e.g. ``postgresql://vpay@/vpay?host=/run/postgresql``."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else None
+    if scheme is not None and scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"VPAY_DATABASE_URL must be a postgresql:// URL, not {scheme}://")
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"VPAY_DATABASE_URL is not a libpq URL: {' '.join(str(exc).split())}") from None
+    if not parts.get("dbname"):
+        raise ConfigError("VPAY_DATABASE_URL names no database; libpq would pick defaults: "
+                          "write it, e.g. postgresql://vpay@/vpay?host=/run/postgresql")
+    return url
+
+
 def database_url(environ: Mapping[str, str] | None = None) -> str:
-    """The URL every command uses: ``VPAY_DATABASE_URL`` or the embedded
+    """The URL every command uses: ``VPAY_DATABASE_URL`` (checked by
+    ``check_url``: ``ConfigError`` when it cannot be meant) or the embedded
     default under ``VPAY_DATA_DIR``. Logs which one, without a password."""
     env = os.environ if environ is None else environ
     url = env.get("VPAY_DATABASE_URL", "").strip()
     if url:
+        check_url(url)
         log.info("database in use", extra={"database": describe(url), "embedded": False})
         return url
     data_dir = env.get("VPAY_DATA_DIR", "").strip() or "./.vpay"
@@ -100,7 +124,7 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
     ``timeout`` seconds (default ``VPAY_DATABASE_OPEN_TIMEOUT_SECONDS``, 30).
     """
     if timeout is None:
-        timeout = float(os.environ.get("VPAY_DATABASE_OPEN_TIMEOUT_SECONDS", "") or 30.0)
+        timeout = open_timeout()
     pool = ConnectionPool(
         url,
         min_size=min_size,
@@ -146,6 +170,20 @@ def migrate(conn: psycopg.Connection) -> list[str]:
     return applied
 
 
+def open_timeout() -> float:
+    """``VPAY_DATABASE_OPEN_TIMEOUT_SECONDS`` (default 30): how long a command
+    waits for the database at start. Raises ``ConfigError`` unless finite and > 0."""
+    raw = os.environ.get("VPAY_DATABASE_OPEN_TIMEOUT_SECONDS", "").strip()
+    try:
+        value = float(raw) if raw else 30.0
+    except ValueError:
+        raise ConfigError(f"VPAY_DATABASE_OPEN_TIMEOUT_SECONDS must be a number of seconds, got {raw!r}") from None
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"VPAY_DATABASE_OPEN_TIMEOUT_SECONDS must be > 0 and finite, got {raw!r}")
+    return value
+
+
 def connect(url: str) -> psycopg.Connection:
-    """One autocommit connection, for commands that need no pool."""
-    return psycopg.connect(url, autocommit=True)
+    """One autocommit connection, for commands that need no pool; gives up
+    after ``open_timeout()`` seconds (``psycopg.OperationalError``)."""
+    return psycopg.connect(url, autocommit=True, connect_timeout=max(1, round(open_timeout())))

@@ -2,7 +2,9 @@
 
 It starts the sandbox MoMo rail on a free loopback port, makes a fresh
 ``vpay_demo`` database on the embedded Postgres (or on the server of
-``VPAY_DATABASE_URL``; it never writes into that URL's own database), runs
+``VPAY_DATABASE_URL``; it never writes into that URL's own database, and
+there it drops only a ``vpay_demo`` it made itself, marked by a comment on
+the database: another one is refused unless ``--reset``), runs
 the API (``vpay-server api``: MoMo's callbacks land there and pull polls
 forward), a merchant's webhook receiver that verifies every signature with
 the Standard Webhooks library, and the real ``vpay-worker``; creates a batch
@@ -29,6 +31,13 @@ import psycopg
 from psycopg import sql
 
 DEMO_DB = "vpay_demo"
+MARK = "made by vpay-server demo; dropped and made again by each demo run"
+"""The comment a database the demo made carries: the only kind it drops
+unasked on a server it does not own."""
+
+
+class DemoRefused(Exception):
+    """The demo will not drop a database it did not make (exit 1)."""
 
 
 @dataclass(frozen=True)
@@ -64,14 +73,24 @@ SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
-def _database(server_url: str) -> str:
-    """A fresh ``vpay_demo`` database on ``server_url``'s server, migrated."""
+def _database(server_url: str, name: str = DEMO_DB, *, owned_server: bool = False,
+              reset: bool = False) -> str:
+    """A fresh database ``name`` on ``server_url``'s server, migrated. An
+    existing one is dropped first only when the demo made it (``MARK``), the
+    server is the demo's own (``owned_server``: the embedded default), or
+    ``reset``; otherwise ``DemoRefused``, and nothing is touched."""
     from .db import connect, migrate
     admin_url = psycopg.conninfo.make_conninfo(server_url, dbname="postgres")
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DEMO_DB)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DB)))
-    url = psycopg.conninfo.make_conninfo(server_url, dbname=DEMO_DB)
+        found = admin.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database "
+                              "WHERE datname = %s", (name,)).fetchone()
+        if found is not None and found[0] != MARK and not (owned_server or reset):
+            raise DemoRefused(f"database {name} exists on this server and was not made by "
+                              f"vpay-server demo; drop it yourself, or pass --reset to let the demo drop it")
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(MARK)))
+    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
     with connect(url) as conn:
         migrate(conn)
     return url
@@ -163,8 +182,11 @@ def _counts(conn, ids: list[str]) -> dict[str, int]:
     return dict(rows)
 
 
-def run(*, deadline_seconds: float, out=sys.stdout) -> int:
-    """Run the demo; answers the process exit code (0 = every charge as scripted)."""
+def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, reset: bool = False) -> int:
+    """Run the demo; answers the process exit code (0 = every charge as
+    scripted). Raises ``DemoRefused`` (before starting anything) when
+    ``database`` exists on ``VPAY_DATABASE_URL``'s server, was not made by
+    the demo, and ``reset`` is not given."""
     from .db import database_url, make_pool
     from .merchants import create_merchant
     from .payments import create_and_submit
@@ -178,7 +200,8 @@ def run(*, deadline_seconds: float, out=sys.stdout) -> int:
     logging.getLogger("vpay.sandbox.mtn").setLevel(logging.WARNING)
     started = time.monotonic()
     server = database_url()
-    url = _database(server)
+    url = _database(server, database, owned_server=not os.environ.get("VPAY_DATABASE_URL", "").strip(),
+                    reset=reset)
     data_dir = Path(os.environ.get("VPAY_DATA_DIR", "./.vpay")).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     worker_log = data_dir / "demo-worker.log"
@@ -193,7 +216,7 @@ def run(*, deadline_seconds: float, out=sys.stdout) -> int:
                 "VPAY_MTN_API_USER": rail.api_user, "VPAY_MTN_API_KEY": rail.api_key,
                 "VPAY_MTN_TARGET_ENVIRONMENT": rail.target_environment,
                 "VPAY_MTN_CALLBACK_URL": f"{api_url}/provider/mtn/callback"}
-    say(f"vpay demo: sandbox MoMo rail at {rail.url}, database {DEMO_DB} "
+    say(f"vpay demo: sandbox MoMo rail at {rail.url}, database {database} "
         f"({'VPAY_DATABASE_URL' if os.environ.get('VPAY_DATABASE_URL') else 'embedded, ' + str(data_dir)})")
     env = {**os.environ, **rail_env, "VPAY_DATABASE_URL": url, "PYTHONUNBUFFERED": "1",
            # the receiver below is on loopback: a development-only permission

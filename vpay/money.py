@@ -10,6 +10,11 @@ status: a second call, a racing worker or a re-run after a crash matches no
 row and answers "nothing to do", and no status moves backwards. Each
 transition writes exactly one event, born with its ``fanout:<event_id>``
 webhook job in the same transaction. Amounts are integers in minor units.
+
+The rules a charge shares with every polled operation (the ladder, the
+24-hour escalation, the settle compare-and-swap, contradictions) are
+``vpay.pollable``'s; ``CHARGES`` (at the end) describes what is a charge's
+own: its intent moves with it, and its prompt has a TTL.
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from . import queue
+from . import pollable, queue
 from .currency import CURRENCIES
 from .ids import new_id, new_rail_reference
+from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
 from .queries import Q
 from .rails import KNOWN_RAILS
-from .rails.port import ChargeRequest, StatusKind
+from .rails.port import ChargeRequest, Rail, RailStatus, StatusKind
 
 log = logging.getLogger("vpay.money")
 
@@ -38,8 +44,6 @@ MSISDN = re.compile(r"\+?([0-9]{8,15})")
 MERCHANT = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_AMOUNT = 10**12  # minor units; well past any mobile-money wallet limit
-
-FIRST_POLL_SECONDS = 10.0  # the ladder's first rung: the poll job is born due in 10 s
 
 
 class InvalidPayment(ValueError):
@@ -57,17 +61,6 @@ class Created:
 
     intent: dict[str, Any]
     charge: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Settled:
-    """``settle``'s answer. ``transitioned`` is False when the CAS matched no
-    row; ``status`` is the charge's status afterwards; ``contradiction`` is
-    True when the charge was already terminal the other way."""
-
-    transitioned: bool
-    status: str
-    contradiction: bool = False
 
 
 def validate(merchant_id: str, amount: Any, currency: Any, rail: Any, payer: Any) -> tuple[str, int, str, str, str]:
@@ -141,7 +134,7 @@ def create_payment(conn: psycopg.Connection, *, merchant_id: str, amount: int, c
                 "id": new_id("ch"), "payment_intent_id": intent["id"], "rail": rail,
                 "rail_reference": new_rail_reference(), "payer": payer, "amount": amount,
                 "currency": currency}).fetchone()
-            queue.enqueue(conn, "poll", f"poll:{charge['id']}", {"charge_id": charge["id"]},
+            queue.enqueue(conn, CHARGES.kind, CHARGES.job_key(charge["id"]), {"charge_id": charge["id"]},
                           delay=FIRST_POLL_SECONDS)
             emit_event(conn, "payment_intent.processing", intent, charge, {"expired": False})
     except psycopg.errors.ForeignKeyViolation:
@@ -206,22 +199,13 @@ def load_charge(conn: psycopg.Connection, charge_id: str) -> dict[str, Any] | No
 
 def mark_submitted(conn: psycopg.Connection, charge_id: str) -> bool:
     """The rail accepted the request-to-pay: set ``submitted_at`` once."""
-    return conn.execute(Q["mark_submitted"], {"id": charge_id}).fetchone() is not None
+    return pollable.mark_submitted(conn, CHARGES, charge_id)
 
 
 def record_poll(conn: psycopg.Connection, charge_id: str, rail_knows: bool) -> None:
     """Stamp ``last_polled_at``; when the rail knew the reference, also
-    ``submitted_at`` (recovers the kill point between the rail's 202 and our
-    write of ``submitted_at``)."""
-    conn.execute(Q["record_poll"], {"id": charge_id, "rail_knows": rail_knows})
-
-
-def raise_alert(conn: psycopg.Connection, kind: str, charge_id: str | None,
-                details: dict[str, Any]) -> bool:
-    """Write an alert (``charge_unresolved`` is unique per charge). Answers
-    whether a new row was written."""
-    return conn.execute(Q["insert_alert"], {"kind": kind, "charge_id": charge_id,
-                                            "details": Jsonb(details)}).fetchone() is not None
+    ``submitted_at`` (``vpay.pollable.record_poll``)."""
+    pollable.record_poll(conn, CHARGES, charge_id, rail_knows)
 
 
 def settle(conn: psycopg.Connection, charge_id: str, kind: StatusKind, *,
@@ -232,53 +216,17 @@ def settle(conn: psycopg.Connection, charge_id: str, kind: StatusKind, *,
     (``failure_code`` kept), intent ``requires_payment_method``,
     ``payment_intent.payment_failed``.
 
-    A compare-and-swap on the charge's status: when the charge is already
-    terminal nothing changes; if it ended the other way the rail has
-    contradicted us, and a ``rail_contradiction`` alert is written (design
-    page, "What the worker does not do": contradictions are alerted, never
-    acted on). Raises ``ValueError`` for a non-terminal ``kind``.
+    The shared compare-and-swap (``vpay.pollable.settle``): when the charge
+    is already terminal nothing changes; if it ended the other way the rail
+    has contradicted us, and a ``rail_contradiction`` alert is written
+    (``where: settle``). Raises ``ValueError`` for a non-terminal ``kind``
+    and ``LookupError`` for an unknown charge.
     """
-    if kind not in (StatusKind.SUCCEEDED, StatusKind.FAILED):
-        raise ValueError(f"settle needs a terminal outcome, got {kind}")
-    status = "succeeded" if kind is StatusKind.SUCCEEDED else "failed"
-    code = (failure_code or "unknown") if status == "failed" else None
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        charge = cur.execute(Q["settle_charge"], {
-            "id": charge_id, "status": status, "failure_code": code,
-            "rail_transaction_id": rail_transaction_id}).fetchone()
-        if charge is None:
-            current = cur.execute("SELECT status, failure_code FROM charges WHERE id = %s",
-                                  (charge_id,)).fetchone()
-            if current is None:
-                raise LookupError(f"no charge {charge_id}")
-            if current["status"] in ("succeeded", "failed") and current["status"] != status:
-                note_contradiction(conn, charge_id, current["status"], current["failure_code"],
-                                   status, code, where="settle")
-                return Settled(False, current["status"], contradiction=True)
-            return Settled(False, current["status"])
-        intent_status = "succeeded" if status == "succeeded" else "requires_payment_method"
-        intent = cur.execute(Q["settle_intent"], {"id": charge["payment_intent_id"],
-                                                  "status": intent_status}).fetchone()
-        if intent is None:  # the intent moved on its own (canceled): keep it, still tell the merchant
-            intent = cur.execute(Q["load_intent"], {"id": charge["payment_intent_id"]}).fetchone()
-        event_type = "payment_intent.succeeded" if status == "succeeded" else "payment_intent.payment_failed"
-        emit_event(conn, event_type, intent, charge)
-    log.info("charge settled", extra={"charge_id": charge_id, "status": status,
-                                      "failure_code": code, "payment_intent": intent["id"]})
-    return Settled(True, status)
+    return pollable.settle(conn, CHARGES, charge_id, kind, failure_code=failure_code,
+                           rail_transaction_id=rail_transaction_id)
 
 
-def note_contradiction(conn: psycopg.Connection, charge_id: str, ours: str, our_code: str | None,
-                       rail_says: str, rail_code: str | None, *, where: str) -> None:
-    """Alert that the rail reports the opposite of a settled charge; change
-    nothing else (runbook: worker-queue, "a rail contradicting a settled charge")."""
-    details = {"ours": ours, "our_failure_code": our_code, "rail_says": rail_says,
-               "rail_reason": rail_code, "where": where}
-    if raise_alert(conn, "rail_contradiction", charge_id, details):  # one open alert per answer
-        log.error("rail contradicts a settled charge", extra={"charge_id": charge_id, **details})
-
-
-def escalate(conn: psycopg.Connection, charge_id: str | None, horizon_seconds: int) -> list[str]:
+def escalate(conn: psycopg.Connection, charge_id: str | None, horizon_seconds: float) -> list[str]:
     """At the horizon (24 h from ``created_at``), a charge still ``pending``
     becomes ``unresolved`` and one ``charge_unresolved`` alert is written
     (logged at error, once). The intent is left as it was; no event.
@@ -286,13 +234,7 @@ def escalate(conn: psycopg.Connection, charge_id: str | None, horizon_seconds: i
     every overdue charge (the hourly sweep, so that a charge whose poll job
     was dead-lettered is escalated all the same). Answers the ids escalated
     by this call."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(Q["escalate_charges"], {"id": charge_id, "horizon": horizon_seconds}).fetchall()
-    for charge in rows:
-        log.error("charge unresolved at the horizon: reconcile against the rail's statement",
-                  extra={"charge_id": charge["id"], "rail": charge["rail"],
-                         "rail_reference": charge["rail_reference"], "horizon_seconds": horizon_seconds})
-    return [c["id"] for c in rows]
+    return pollable.escalate(conn, CHARGES, charge_id, horizon_seconds)
 
 
 def expire_prompt(conn: psycopg.Connection, charge_id: str, ttl_seconds: int) -> bool:
@@ -353,3 +295,56 @@ def show(conn: psycopg.Connection, some_id: str) -> dict[str, Any] | None:
     return {"payment_intent": intent_view(intent), "charges": [charge_view(c) for c in charges],
             "events": [{"id": e["id"], "type": e["type"], "created": _iso(e["created_at"]),
                         "expired": e["data"].get("expired")} for e in events]}
+
+
+def _settle_intent(conn: psycopg.Connection, charge: dict[str, Any], event_type: str) -> None:
+    """The rest of a charge's settle, in its transaction: the intent follows
+    (unless it moved on its own, e.g. canceled: kept, the merchant is still
+    told) and ``event_type`` is written with its fan-out job."""
+    intent_status = "succeeded" if charge["status"] == "succeeded" else "requires_payment_method"
+    with conn.cursor(row_factory=dict_row) as cur:
+        intent = cur.execute(Q["settle_intent"], {"id": charge["payment_intent_id"],
+                                                  "status": intent_status}).fetchone()
+        if intent is None:
+            intent = cur.execute(Q["load_intent"], {"id": charge["payment_intent_id"]}).fetchone()
+    emit_event(conn, event_type, intent, charge)
+
+
+def _schedule_resubmit(ctx, rail: Rail, charge: dict[str, Any]) -> None:
+    """A 404 for a request-to-pay never confirmed: ``resubmit:<charge_id>``
+    re-sends it (while the prompt lives) or fails it (``not_submitted``)."""
+    with ctx.pool.connection() as conn:
+        queue.enqueue(conn, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]})
+
+
+def _prompt_clock(conn: psycopg.Connection, settings, charge: dict[str, Any]) -> tuple[float, ...]:
+    """The prompt TTL as a clock of the ladder: past it, the prompt expires
+    (once); before it, the next poll is not due later than it."""
+    ttl = settings.prompt_ttl_seconds
+    if charge["prompt_expired_at"] is not None:
+        return ()
+    if charge["age_seconds"] >= ttl:
+        expire_prompt(conn, charge["id"], ttl)
+        return ()
+    return (ttl,)
+
+
+def _read_status(rail: Rail, charge: dict[str, Any]) -> RailStatus:
+    return rail.status(charge_request(charge))
+
+
+CHARGES = Pollable(
+    kind="poll", noun="charge", table="charges", payload_key="charge_id",
+    events={"succeeded": "payment_intent.succeeded", "failed": "payment_intent.payment_failed"},
+    unresolved_alert="charge_unresolved",
+    load=load_charge,
+    read_status=_read_status,
+    apply=_settle_intent,
+    alert_refs=lambda charge: {"charge_id": charge["id"]},
+    details=lambda charge: {"payment_intent": charge["payment_intent_id"]},
+    resend=_schedule_resubmit,
+    clocks=_prompt_clock,
+    settle_where="settle",
+    kill_points=("before_settle_commit", "after_settle_commit"),
+)
+"""Charges as a pollable operation (``poll:<charge_id>``; vpay.pollable)."""

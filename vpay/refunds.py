@@ -6,8 +6,9 @@ be refunded, and the refunds of a charge that have not failed never add up
 to more than its amount. A refund changes neither its charge nor its intent:
 a charge that was paid stays ``succeeded``; the refund is its own record.
 
-The rules are the charge's (design page, "The job queue" and "Timers assert
-nothing"; docs/flows/refunds.md):
+The rules are the charge's, written once in ``vpay.pollable`` (design page,
+"The job queue" and "Timers assert nothing"; docs/flows/refunds.md);
+``REFUNDS`` (at the end) describes what is a refund's own. In short:
 
 * The ``refund_poll:<refund_id>`` job is born with the refund, in the same
   transaction, and the rail is asked only after that commits (``submit``), so
@@ -36,17 +37,17 @@ from typing import Any, Callable
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from . import money, queue, testhooks
+from . import money, pollable, queue, testhooks
 from .ids import new_id, new_rail_reference
+from .outcome import Done, Outcome
+from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
 from .queries import Q
-from .rails.port import Rail, RailPaused, RefundRequest, StatusKind, Submit, SubmitKind
+from .rails.port import Rail, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.refunds")
 
-FIRST_POLL_SECONDS = money.FIRST_POLL_SECONDS  # the ladder's first rung, 10 s
 REASON_MAX_CHARS = 160
 
 
@@ -108,7 +109,7 @@ def create_refund(conn: psycopg.Connection, *, charge_id: str, amount: int | Non
             "id": new_id("re"), "charge_id": charge_id, "rail": charge["rail"],
             "rail_reference": new_rail_reference(), "amount": amount,
             "currency": charge["currency"], "reason": reason}).fetchone()
-        queue.enqueue(conn, "refund_poll", f"refund_poll:{refund['id']}",
+        queue.enqueue(conn, REFUNDS.kind, REFUNDS.job_key(refund["id"]),
                       {"refund_id": refund["id"], "charge_id": charge_id}, delay=FIRST_POLL_SECONDS)
     log.info("refund created", extra={"refund_id": refund["id"], "charge_id": charge_id,
                                       "amount": amount, "currency": refund["currency"],
@@ -133,13 +134,13 @@ def refund_request(refund: dict[str, Any]) -> RefundRequest:
 
 def mark_submitted(conn: psycopg.Connection, refund_id: str) -> bool:
     """The rail accepted the refund request: set ``submitted_at`` once."""
-    return conn.execute(Q["mark_refund_submitted"], {"id": refund_id}).fetchone() is not None
+    return pollable.mark_submitted(conn, REFUNDS, refund_id)
 
 
 def record_poll(conn: psycopg.Connection, refund_id: str, rail_knows: bool) -> None:
     """Stamp ``last_polled_at``; when the rail knew the reference, also
-    ``submitted_at`` (recovers a kill between the rail's 202 and our write)."""
-    conn.execute(Q["record_refund_poll"], {"id": refund_id, "rail_knows": rail_knows})
+    ``submitted_at`` (``vpay.pollable.record_poll``)."""
+    pollable.record_poll(conn, REFUNDS, refund_id, rail_knows)
 
 
 def submit(conn: psycopg.Connection, rail: Rail, refund: dict[str, Any]) -> Submit:
@@ -171,53 +172,21 @@ def submit(conn: psycopg.Connection, rail: Rail, refund: dict[str, Any]) -> Subm
 
 def settle_refund(conn: psycopg.Connection, refund_id: str, kind: StatusKind, *,
                   failure_code: str | None = None,
-                  rail_transaction_id: str | None = None) -> money.Settled:
+                  rail_transaction_id: str | None = None) -> Settled:
     """Move a live refund (``pending`` / ``unresolved``) to ``succeeded``
     (``kind`` SUCCEEDED) or ``failed`` (FAILED, ``failure_code`` kept,
     default ``unknown``), with one ``refund.succeeded`` / ``refund.failed``
     event on the charge's intent, in one transaction.
 
-    A compare-and-swap on the refund's status: a refund already terminal is
-    not changed (``transitioned`` False); if it ended the other way, a
-    ``rail_contradiction`` alert is written (``contradiction`` True). The
-    charge and intent are never changed. Raises ``ValueError`` for a
-    non-terminal ``kind`` and ``LookupError`` for an unknown refund.
+    The shared compare-and-swap (``vpay.pollable.settle``): a refund already
+    terminal is not changed (``transitioned`` False); if it ended the other
+    way, a ``rail_contradiction`` alert is written (``contradiction`` True,
+    ``where: settle_refund``). The charge and intent are never changed.
+    Raises ``ValueError`` for a non-terminal ``kind`` and ``LookupError``
+    for an unknown refund.
     """
-    if kind not in (StatusKind.SUCCEEDED, StatusKind.FAILED):
-        raise ValueError(f"settle_refund needs a terminal outcome, got {kind}")
-    status = "succeeded" if kind is StatusKind.SUCCEEDED else "failed"
-    code = (failure_code or "unknown") if status == "failed" else None
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        refund = cur.execute(Q["settle_refund"], {
-            "id": refund_id, "status": status, "failure_code": code,
-            "rail_transaction_id": rail_transaction_id}).fetchone()
-        if refund is None:
-            current = cur.execute("SELECT id, charge_id, status, failure_code FROM refunds WHERE id = %s",
-                                  (refund_id,)).fetchone()
-            if current is None:
-                raise LookupError(f"no refund {refund_id}")
-            if current["status"] in ("succeeded", "failed") and current["status"] != status:
-                note_contradiction(conn, current, status, code, where="settle_refund")
-                return money.Settled(False, current["status"], contradiction=True)
-            return money.Settled(False, current["status"])
-        charge = money.load_charge(conn, refund["charge_id"])
-        intent = cur.execute(Q["load_intent"], {"id": charge["payment_intent_id"]}).fetchone()
-        money.emit_event(conn, f"refund.{status}", intent, charge, {"refund": refund_view(refund)})
-    log.info("refund settled", extra={"refund_id": refund_id, "charge_id": refund["charge_id"],
-                                      "status": status, "failure_code": code})
-    return money.Settled(True, status)
-
-
-def note_contradiction(conn: psycopg.Connection, refund: dict[str, Any], rail_says: str,
-                       rail_code: str | None, *, where: str) -> None:
-    """Alert that the rail reports the opposite of a settled refund
-    (``refund`` needs ``id``, ``charge_id``, ``status``, ``failure_code``);
-    change nothing else (runbook: worker-queue, contradictions)."""
-    details = {"refund_id": refund["id"], "ours": refund["status"],
-               "our_failure_code": refund["failure_code"], "rail_says": rail_says,
-               "rail_reason": rail_code, "where": where}
-    _alert(conn, "rail_contradiction", refund["charge_id"], refund["id"], details)
-    log.error("rail contradicts a settled refund", extra={"charge_id": refund["charge_id"], **details})
+    return pollable.settle(conn, REFUNDS, refund_id, kind, failure_code=failure_code,
+                           rail_transaction_id=rail_transaction_id)
 
 
 def escalate_refund(conn: psycopg.Connection, refund_id: str, horizon_seconds: float) -> bool:
@@ -225,26 +194,33 @@ def escalate_refund(conn: psycopg.Connection, refund_id: str, horizon_seconds: f
     default), a refund still ``pending`` becomes ``unresolved`` and one
     ``refund_unresolved`` alert is written (logged at error, once). No event:
     the merchant hears when it settles. Answers whether this call escalated."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        refund = cur.execute(Q["escalate_refund"], {"id": refund_id,
-                                                    "horizon": horizon_seconds}).fetchone()
-        if refund is None:
-            return False
-        _alert(conn, "refund_unresolved", refund["charge_id"], refund_id, {
-            "refund_id": refund_id, "rail": refund["rail"], "rail_reference": refund["rail_reference"],
-            "amount": refund["amount"], "currency": refund["currency"],
-            "created_at": refund["created_at"].isoformat()})
-    log.error("refund unresolved at the horizon: reconcile against the rail's statement",
-              extra={"refund_id": refund_id, "charge_id": refund["charge_id"], "rail": refund["rail"],
-                     "rail_reference": refund["rail_reference"], "horizon_seconds": horizon_seconds})
-    return True
+    return bool(pollable.escalate(conn, REFUNDS, refund_id, horizon_seconds))
 
 
-def _alert(conn: psycopg.Connection, kind: str, charge_id: str, refund_id: str,
-           details: dict[str, Any]) -> bool:
-    return conn.execute(Q["insert_refund_alert"], {
-        "kind": kind, "charge_id": charge_id, "refund_id": refund_id,
-        "details": Jsonb(details)}).fetchone() is not None
+def _refund_event(conn: psycopg.Connection, refund: dict[str, Any], event_type: str) -> None:
+    """The rest of a refund's settle, in its transaction: ``event_type`` on
+    the refunded charge's intent, the refund in its data. The charge and
+    the intent do not change."""
+    charge = money.load_charge(conn, refund["charge_id"])
+    with conn.cursor(row_factory=dict_row) as cur:
+        intent = cur.execute(Q["load_intent"], {"id": charge["payment_intent_id"]}).fetchone()
+    money.emit_event(conn, event_type, intent, charge, {"refund": refund_view(refund)})
+
+
+def _resend(ctx, rail: Rail, refund: dict[str, Any]) -> Outcome | None:
+    """A 404 for a refund never confirmed: the request never arrived, so it
+    is sent again now, same ``X-Reference-Id``. A rejection has failed the
+    refund (``Done``); otherwise the ladder goes on."""
+    with ctx.pool.connection() as conn:
+        sent = submit(conn, rail, refund)
+    if sent.kind is SubmitKind.REJECTED:
+        return Done("refund rejected on re-send")
+    log.info("refund re-sent after a 404", extra={"refund_id": refund["id"], "answer": sent.kind.value})
+    return None
+
+
+def _read_status(rail: Rail, refund: dict[str, Any]) -> RailStatus:
+    return rail.refund_status(refund_request(refund))
 
 
 def refund_view(refund: dict[str, Any]) -> dict[str, Any]:
@@ -291,3 +267,19 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
     with pool.connection() as conn:
         submit(conn, adapter, load_refund(conn, created["id"]))
         return {"refund": refund_view(load_refund(conn, created["id"]))}
+
+
+REFUNDS = Pollable(
+    kind="refund_poll", noun="refund", table="refunds", payload_key="refund_id",
+    events={"succeeded": "refund.succeeded", "failed": "refund.failed"},
+    unresolved_alert="refund_unresolved",
+    load=load_refund,
+    read_status=_read_status,
+    apply=_refund_event,
+    alert_refs=lambda refund: {"charge_id": refund["charge_id"], "refund_id": refund["id"]},
+    details=lambda refund: {"refund_id": refund["id"]},
+    resend=_resend,
+    settle_where="settle_refund",
+    kill_points=("before_refund_settle_commit", "after_refund_settle_commit"),
+)
+"""Refunds as a pollable operation (``refund_poll:<refund_id>``; vpay.pollable)."""

@@ -42,6 +42,28 @@ API_RAIL_TIMEOUT_SECONDS = 3.0
 waits on a rail (one request-to-pay, token fetch included)."""
 
 
+RETENTION_DAYS = 90
+"""Default of ``VPAY_RETENTION_DAYS``: what the hourly sweep keeps of finished
+rows (delivered events, finished webhook deliveries, acknowledged alerts,
+dead letters). 90 days covers a rail's monthly statement and its disputes."""
+MAX_RETENTION_DAYS = 36500
+
+
+def _retention_days(env: Mapping[str, str]) -> int:
+    raw = env.get("VPAY_RETENTION_DAYS", "").strip()
+    if not raw:
+        return RETENTION_DAYS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"VPAY_RETENTION_DAYS must be a whole number of days (0 keeps everything), "
+                          f"got {raw!r}") from None
+    if not 0 <= value <= MAX_RETENTION_DAYS:
+        raise ConfigError(f"VPAY_RETENTION_DAYS must be 0..{MAX_RETENTION_DAYS} (0 keeps everything), "
+                          f"got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """``prompt_ttl_seconds``: how long a payer's prompt lives (design page,
@@ -63,3 +85,16 @@ class Settings:
         return cls(prompt_ttl_seconds=_positive_int(env, "VPAY_PROMPT_TTL_SECONDS", 900),
                    api_rail_timeout_seconds=_seconds(env, "VPAY_API_RAIL_TIMEOUT_SECONDS",
                                                      API_RAIL_TIMEOUT_SECONDS, 60.0))
+    ``retention_days``: ``VPAY_RETENTION_DAYS`` (default 90; 0 keeps
+    everything), what the hourly sweep prunes (``vpay.operator.prune``)."""
+
+    prompt_ttl_seconds: int = 900
+    escalate_after_seconds: int = 24 * 3600
+    retention_days: int = RETENTION_DAYS
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        """Raises ``ConfigError`` (exit 78) for a value that cannot be meant."""
+        env = os.environ if environ is None else environ
+        return cls(prompt_ttl_seconds=_positive_int(env, "VPAY_PROMPT_TTL_SECONDS", 900),
+                   retention_days=_retention_days(env))

@@ -1,6 +1,8 @@
 -- The money state machine (vpay/money.py). Every transition is a
 -- compare-and-swap on the current status: a second call, a racing worker or a
 -- re-run after a crash matches no row, and no status ever moves backwards.
+-- What charges share with refunds (submitted, polled, settled, escalated) is
+-- in pollable.sql.
 
 -- name: insert_intent
 INSERT INTO payment_intents (id, merchant_id, amount, currency, status, next_action, description)
@@ -29,59 +31,17 @@ SELECT c.*,
   FROM charges c JOIN payment_intents i ON i.id = c.payment_intent_id
  WHERE c.id = %(id)s;
 
--- name: mark_submitted
-UPDATE charges SET submitted_at = now()
- WHERE id = %(id)s AND submitted_at IS NULL
-RETURNING id;
-
--- name: record_poll
--- A status read happened. When the rail knew the reference, the charge was
--- submitted, whatever our own write of submitted_at managed before a crash.
-UPDATE charges
-   SET last_polled_at = now(),
-       submitted_at = CASE WHEN %(rail_knows)s THEN coalesce(submitted_at, now()) ELSE submitted_at END
- WHERE id = %(id)s;
-
--- name: settle_charge
-UPDATE charges
-   SET status = %(status)s,
-       failure_code = %(failure_code)s,
-       rail_transaction_id = %(rail_transaction_id)s,
-       settled_at = now()
- WHERE id = %(id)s AND status IN ('pending', 'unresolved')
-RETURNING *;
-
 -- name: settle_intent
 UPDATE payment_intents
    SET status = %(status)s, next_action = NULL, updated_at = now()
  WHERE id = %(id)s AND status IN ('requires_confirmation', 'processing')
 RETURNING *;
 
--- name: escalate_charges
--- At the horizon a pending charge becomes unresolved, with one alert (the
--- unique index on alerts makes a second one a no-op). %(id)s names one
--- charge (the poll handler), or NULL for every overdue charge (the hourly
--- sweep: a charge whose poll job was dead-lettered is escalated too).
-WITH escalated AS (
-    UPDATE charges
-       SET status = 'unresolved', unresolved_at = now()
-     WHERE (%(id)s::text IS NULL OR id = %(id)s::text) AND status = 'pending'
-       AND created_at <= now() - make_interval(secs => %(horizon)s)
-    RETURNING *
-), alerted AS (
-    INSERT INTO alerts (kind, charge_id, details)
-    SELECT 'charge_unresolved', e.id,
-           jsonb_build_object('payment_intent', e.payment_intent_id, 'rail', e.rail,
-                              'rail_reference', e.rail_reference, 'amount', e.amount,
-                              'currency', e.currency, 'created_at', e.created_at)
-      FROM escalated e
-    ON CONFLICT DO NOTHING
-)
-SELECT * FROM escalated;
-
 -- name: insert_alert
-INSERT INTO alerts (kind, charge_id, details)
-VALUES (%(kind)s, %(charge_id)s, %(details)s)
+-- charge_unresolved is unique per charge, refund_unresolved per refund, and
+-- an open rail_contradiction per row and answer (the alerts_* indexes).
+INSERT INTO alerts (kind, charge_id, refund_id, details)
+VALUES (%(kind)s, %(charge_id)s, %(refund_id)s, %(details)s)
 ON CONFLICT DO NOTHING
 RETURNING id;
 

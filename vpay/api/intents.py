@@ -49,7 +49,7 @@ from ..ids import new_id
 from ..payments import create_and_submit
 from ..queries import Q
 from ..rails.port import RailError
-from .errors import IDEMPOTENCY, ApiError, dump, invalid, not_found, unauthorized, unavailable
+from .errors import IDEMPOTENCY, ApiError, dump, invalid, not_found, unauthorized
 from .wire import MAX_BODY_BYTES, answer, read_body
 
 log = logging.getLogger("vpay.api.intents")
@@ -153,6 +153,16 @@ def _encodable(text: str) -> bool:
     return True
 
 
+def rail_unavailable(rail: str) -> ApiError:
+    """422 ``payment_method_unavailable``: the payment method's rail has no
+    configuration on this deployment (``VPAY_<RAIL>_*``). Nothing is written;
+    retrying does not help until the operator configures the rail."""
+    method = next((m for m, code in PAYMENT_METHODS.items() if code == rail), rail)
+    return invalid("payment_method_unavailable",
+                   f"Payment method {method} is not available on this deployment.",
+                   "payment_method[type]", status=422)
+
+
 def intent_body(view: dict[str, Any], latest_charge: str | None) -> dict[str, Any]:
     """The merchant-facing intent: ``money.intent_view`` plus the id of its
     latest charge."""
@@ -207,8 +217,11 @@ class IntentsResource:
             raise invalid("parameter_invalid", str(exc), _PARAMS.get(exc.param, exc.param),
                           status=422) from None
         except RailError:
-            log.error("rail not configured", extra={"rail": payment.rail})
-            raise unavailable() from None
+            # The operator's to fix, not the merchant's to retry: a 503 with
+            # Retry-After would be retried for ever (issue 13).
+            log.warning("payment refused: rail not configured on this deployment",
+                        extra={"rail": payment.rail, "merchant": merchant_id})
+            raise rail_unavailable(payment.rail) from None
         return intent_body(result["payment_intent"], result["charge"]["id"])
 
     # --- Idempotency-Key ----------------------------------------------------

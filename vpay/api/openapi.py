@@ -89,7 +89,10 @@ DOCUMENT: dict[str, Any] = {
                     **_AUTH_ERRORS,
                     "409": _error("idempotency_key_reused or idempotency_key_in_use."),
                     "413": _error(f"Body larger than {MAX_BODY_BYTES} bytes."),
-                    "422": _error("A parameter's value is invalid; `param` names it."),
+                    "422": _error("A parameter's value is invalid (`parameter_invalid`; `param` names "
+                                  "it), or the payment method's rail is not configured on this "
+                                  "deployment (`payment_method_unavailable`, `param` "
+                                  "`payment_method[type]`; retrying does not help)."),
                     **_UNAVAILABLE,
                 },
             },

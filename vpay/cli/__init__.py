@@ -2,41 +2,47 @@
 
 One module per command group; each registers here in one line. Names, flags
 and exit codes are the contract's (shared/design/contract.md); the shared
-exit codes and the one-line refusal live in ``vpay.cli.common``.
+exit codes, the one-line refusal and the translation of every failure into
+one line on stderr (never a traceback) live in ``vpay.cli.common``.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
 import click
 
-from .. import logs
+from .. import __version__, logs
+from .alerts import alerts
 from .api import api
+from .common import VpayGroup, guarded_main, log_level, log_level_option
 from .demo import demo
+from .jobs import jobs
 from .merchants import merchants
 from .migrate import migrate
 from .payments import payments
+from .prune import prune
 from .refunds import refunds
 from .sandbox import sandbox_rail
 from .webhooks import webhooks
 from .worker import worker
 
 
-@click.group()
-@click.option("--log-level", default=lambda: os.environ.get("VPAY_LOG_LEVEL", "INFO"),
-              show_default="INFO", help="Python log level for the JSON log on stdout.")
-def main(log_level: str) -> None:
-    """vpay-reconciler: decides how mobile-money payments end."""
-    logs.setup(log_level.upper())
+@click.group(cls=VpayGroup)
+@click.version_option(__version__, "--version", prog_name="vpay-server", message="%(prog)s %(version)s")
+@log_level_option
+def main(level: str | None) -> None:
+    """vpay-reconciler: decides how mobile-money payments end.
+
+    Exit codes: 0 done, 1 not found or refused by the data, 2 usage error,
+    69 the database (or a port) is unavailable, 70 a bug, 78 configuration
+    refused; every failure is one line on stderr."""
+    logs.setup(log_level(level))
 
 
-for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks):
+for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,
+                jobs, alerts, prune):
     main.add_command(command)
 
 
 def worker_main() -> None:
     """Entry point of ``vpay-worker``: ``vpay-server worker`` under its own name."""
-    logs.setup(os.environ.get("VPAY_LOG_LEVEL", "INFO").upper(), sys.stdout)
-    worker.main(prog_name="vpay-worker")
+    guarded_main(worker, "vpay-worker")

@@ -28,7 +28,7 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     vpay.rails.KNOWN_RAILS configured (VPAY_MTN_*, VPAY_ORANGE_*), bad
     settings, or --threads above the pool size. Each rail that is not
     configured is logged at warning; its callbacks answer 404 and its payments
-    503. The database is not contacted at start: /healthz answers 503 until it
+    422 payment_method_unavailable. The database is not contacted at start: /healthz answers 503 until it
     is reachable."""
     from .. import logs
     from ..rails import KNOWN_RAILS, build_rail
@@ -51,7 +51,7 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
             configured.append(code)
         except RailError as exc:
             unconfigured.append(str(exc))
-            log.warning("rail not configured: its callbacks answer 404 and its payments 503",
+            log.warning("rail not configured: its callbacks answer 404 and its payments 422",
                         extra={"rail": code, "error": str(exc)})
     if not configured:
         refuse("no rail is configured: " + "; ".join(unconfigured))

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
+
+from .common import fail
 
 
 @click.command()
 @click.option("--deadline-seconds", default=150.0, show_default=True, type=float,
               help="Stop waiting for the batch to settle after this long.")
-def demo(deadline_seconds: float) -> None:
-    """The main job on the embedded default: sandbox rail, worker, a batch of payments."""
-    from ..demo import run
-    sys.exit(run(deadline_seconds=deadline_seconds))
+@click.option("--database", default="vpay_demo", show_default=True,
+              help="The database the demo makes (and drops first, when it made it) on the server.")
+@click.option("--reset", is_flag=True,
+              help="Drop --database even if the demo did not make it (with VPAY_DATABASE_URL set).")
+def demo(deadline_seconds: float, database: str, reset: bool) -> None:
+    """The main job on the embedded default: sandbox rail, worker, a batch of payments.
+
+    With VPAY_DATABASE_URL set, it works in its own database on that server
+    and drops only a database it made itself; exit 1 (nothing touched) when
+    --database exists and was made by something else, unless --reset."""
+    from ..demo import DemoRefused, run
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", database):
+        raise click.BadParameter("a database name of lower-case letters, digits and '_'",
+                                 param_hint="--database")
+    try:
+        code = run(deadline_seconds=deadline_seconds, database=database, reset=reset)
+    except DemoRefused as exc:
+        fail(f"refused: {exc}")
+    sys.exit(code)

@@ -1,4 +1,12 @@
-"""``vpay-server payments create|show``: start and inspect one payment (JSON out)."""
+"""``vpay-server payments create|show``: start and inspect one payment (JSON out).
+
+Both print ``payment_intent``, ``charge`` (the latest charge) and ``charges``
+(every charge of the intent, oldest first): ``create`` printed ``charge``
+and ``show`` printed ``charges`` before 0.5; both keys are kept so either
+reader works. ``show`` adds ``events``, and on each charge its ``poll`` job
+(next read, attempts, lane, last error; None once the poll has ended) and
+its ``open_alerts``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ import sys
 
 import click
 
-from .common import open_db, refuse
+from .common import connect_db, open_db, refuse
 
 
 @click.group()
@@ -23,7 +31,7 @@ def payments() -> None:
 @click.option("--payer", required=True, help="Payer MSISDN, international form, digits only.")
 @click.option("--description", default=None, help="Shown to the payer (at most 160 characters).")
 def payments_create(merchant, amount, currency, rail, payer, description) -> None:
-    """Create and confirm a payment as the API would; print {payment_intent, charge}."""
+    """Create and confirm a payment as the API would; print {payment_intent, charge, charges}."""
     from ..db import make_pool
     from ..money import InvalidPayment
     from ..payments import create_and_submit
@@ -47,18 +55,17 @@ def payments_create(merchant, amount, currency, rail, payer, description) -> Non
         refuse(str(exc))
     finally:
         pool.close()
-    click.echo(json.dumps(result, indent=2))
+    click.echo(json.dumps(result | {"charges": [result["charge"]]}, indent=2))
 
 
 @payments.command("show")
 @click.argument("some_id")
 def payments_show(some_id: str) -> None:
-    """An intent (pi_...) or a charge (ch_...) with its events, as JSON."""
-    from ..db import connect
-    from ..money import show
-    url, _ = open_db()
-    with connect(url) as conn:
-        found = show(conn, some_id)
+    """An intent (pi_...) or a charge (ch_...): its charges with their poll job
+    and open alerts, and its events, as JSON."""
+    from ..operator import payment_view
+    with connect_db() as conn:
+        found = payment_view(conn, some_id)
     if found is None:
         click.echo(f"vpay: no payment intent or charge {some_id!r}", err=True)
         sys.exit(1)

@@ -9,6 +9,8 @@ import os
 
 import click
 
+from .common import EX_UNAVAILABLE, fail
+
 log = logging.getLogger("vpay.cli")
 
 
@@ -28,7 +30,8 @@ def sandbox_rail(host: str, port: int, success_after_seconds: float, reason_shap
     """A local HTTP server speaking the MTN MoMo Collection and Disbursement APIs (demos and tests).
 
     Credentials it accepts are those of VPAY_MTN_SUBSCRIPTION_KEY, VPAY_MTN_API_USER,
-    VPAY_MTN_API_KEY (defaults: the sandbox's own MTN-shaped ones, see docs/sandbox.md)."""
+    VPAY_MTN_API_KEY (defaults: the sandbox's own MTN-shaped ones, see docs/sandbox.md).
+    A port that is busy (or an address not on this host) exits 69 with one line."""
     import signal as _signal
     from ..sandbox.mtn import SandboxRail
     kwargs = {k: v for k, v in {
@@ -36,8 +39,11 @@ def sandbox_rail(host: str, port: int, success_after_seconds: float, reason_shap
         "api_user": os.environ.get("VPAY_MTN_API_USER"),
         "api_key": os.environ.get("VPAY_MTN_API_KEY"),
     }.items() if v}
-    rail = SandboxRail(host, port, success_after_seconds=success_after_seconds, reason_shape=reason_shape,
-                       target_environment=target_environment, **kwargs)
+    try:
+        rail = SandboxRail(host, port, success_after_seconds=success_after_seconds,
+                           reason_shape=reason_shape, target_environment=target_environment, **kwargs)
+    except OSError as exc:  # a busy port, an address not on this host
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EX_UNAVAILABLE)
 
     def _stop(signum, frame):
         raise KeyboardInterrupt

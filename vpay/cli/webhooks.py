@@ -91,7 +91,8 @@ def disable(endpoint_id: str) -> None:
 @webhooks.command("enable")
 @click.argument("endpoint_id")
 def enable(endpoint_id: str) -> None:
-    """Deliver to an endpoint again, for events from now on."""
+    """Deliver to an endpoint again. After a URL-policy hold, what waited is
+    re-queued (printed as requeued); otherwise events from now on."""
     with _connect() as conn:
         row = _wh().enable_endpoint(conn, endpoint_id)
     if row is None:

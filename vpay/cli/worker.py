@@ -14,7 +14,7 @@ import sys
 import click
 
 from .. import logs
-from .common import EX_UNAVAILABLE, open_db, refuse
+from .common import EX_UNAVAILABLE, log_level, log_level_option, open_db, refuse
 
 log = logging.getLogger("vpay.cli")
 
@@ -29,15 +29,19 @@ log = logging.getLogger("vpay.cli")
 @click.option("--idle-sleep", type=float, default=1.0, show_default=True,
               help="Seconds a claim loop sleeps when nothing is due.")
 @click.option("--worker-id", default=None, help="Lease owner name [default: <hostname>:<pid>].")
-def worker(worker_concurrency: int, shutdown_grace_seconds: float, lease_seconds: float,
-           idle_sleep: float, worker_id: str | None) -> None:
+@log_level_option
+@click.pass_context
+def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: float,
+           lease_seconds: float, idle_sleep: float, worker_id: str | None, level: str | None) -> None:
     """The reconciler worker: claims jobs, polls rails, drains on SIGTERM.
 
     Exit codes: 0 clean drain, 1 timed-out drain (leases released), 2 usage
     error, 78 configuration refused, 69 database unreachable at boot, 70 a
     claim loop crashed (a bug; "anything else is a crash", and systemd
     restarts the worker)."""
-    logs.setup(stream=sys.stdout)
+    # vpay-worker: its own --log-level or VPAY_LOG_LEVEL; vpay-server worker:
+    # the group's level unless this command's flag names one.
+    logs.setup(log_level(level) if level or ctx.parent is None else None, stream=sys.stdout)
     from ..db import MAX_CONNECTIONS
     # Refused before any database connection: a wrong flag must not touch the fleet.
     if not 1 <= worker_concurrency <= MAX_CONNECTIONS // 2:

@@ -1,127 +1,18 @@
 """``poll:<charge_id>``: ask the rail how a charge ended, on the poll ladder.
 
-Design page, "The poll ladder" and "Timers assert nothing". Only this
-authenticated status read moves money; callbacks only pull it forward.
-
-* Terminal answer → ``money.settle`` → ``Done``.
-* Pending or no answer (5xx, timeout, refused) → ``RetryAfter(poll_delay)``;
-  never a decline.
-* The clocks do not depend on the rail answering: past the prompt TTL the
-  prompt expires (once); at the 24-hour horizon a pending charge is escalated
-  to ``unresolved`` and polled every hour from then on, for ever.
-* A charge already terminal gets one verification read: a rail reporting the
-  opposite raises a ``rail_contradiction`` alert and changes nothing.
-* A SUCCESSFUL answer whose amount or currency is not the charge's settles
-  nothing: one ``rail_contradiction`` alert (``where: amount_mismatch``), and
-  the charge keeps its ladder (and its 24-hour escalation).
-* 404 for a charge the rail never confirmed → ``resubmit:<charge_id>``; for a
-  confirmed one it is "no answer".
+The body is the one every pollable operation shares
+(``vpay.handlers.polling``; the rules: ``vpay.pollable``). What is a
+charge's own is in ``vpay.money.CHARGES``: its intent settles with it, its
+prompt expires (once) past the prompt TTL, and a 404 for a request-to-pay the
+rail never confirmed enqueues ``resubmit:<charge_id>``.
 """
 
 from __future__ import annotations
 
-import logging
+from ..money import CHARGES
+from ..pollable import LADDER, UNRESOLVED_EVERY, poll_delay
+from .polling import register_pollable
 
-from .. import money, queue, testhooks
-from ..outcome import DeadLetter, Done, RetryAfter
-from ..rails.port import StatusKind
-from .registry import register
+__all__ = ["LADDER", "UNRESOLVED_EVERY", "poll", "poll_delay"]
 
-log = logging.getLogger("vpay.handlers.poll")
-
-LADDER = (10.0, 20.0, 30.0, 45.0, 60.0, 90.0)
-UNRESOLVED_EVERY = 3600.0  # after escalation: once an hour, for ever
-
-
-def poll_delay(attempt: int) -> float:
-    """Seconds until the next status read after poll number ``attempt``
-    (0-based): 0–5 → 10, 20, 30, 45, 60, 90 s; 6–19 → 120 s; 20+ → 900 s
-    (15 min) out to the 24-hour horizon. Monotonic non-decreasing."""
-    if attempt < 0:
-        raise ValueError("attempt must be >= 0")
-    if attempt < len(LADDER):
-        return LADDER[attempt]
-    if attempt < 20:
-        return 120.0
-    return 900.0
-
-
-@register("poll")
-def poll(job, ctx):
-    charge_id = job.payload.get("charge_id")
-    with ctx.pool.connection() as conn:
-        charge = money.load_charge(conn, charge_id) if charge_id else None
-    if charge is None:
-        return DeadLetter(f"poll names no charge: {charge_id!r}")
-    rail = ctx.rail(charge["rail"])
-    request = money.charge_request(charge)
-
-    if charge["status"] in ("succeeded", "failed"):
-        return _verify_settled(ctx, charge, rail.status(request))
-
-    answer = rail.status(request)
-    rail_knows = answer.kind in (StatusKind.PENDING, StatusKind.SUCCEEDED, StatusKind.FAILED)
-    with ctx.pool.connection() as conn:
-        money.record_poll(conn, charge_id, rail_knows)
-        if answer.kind is StatusKind.SUCCEEDED and not _same_money(charge, answer):
-            # Money moved, but not this charge's money: a human reconciles it.
-            money.note_contradiction(conn, charge_id, charge["status"], None, "succeeded_other_amount",
-                                     f"{answer.amount} {answer.currency}", where="amount_mismatch")
-            return _next_rung(conn, ctx, job, charge, answer)
-        if answer.terminal:
-            testhooks.pause("before_settle_commit")
-            money.settle(conn, charge_id, answer.kind, failure_code=answer.reason,
-                         rail_transaction_id=answer.financial_transaction_id)
-            testhooks.pause("after_settle_commit")
-            return Done()
-        if answer.kind is StatusKind.NOT_FOUND and charge["submitted_at"] is None and not rail_knows:
-            queue.enqueue(conn, "resubmit", f"resubmit:{charge_id}", {"charge_id": charge_id})
-        return _next_rung(conn, ctx, job, charge, answer)
-
-
-def _next_rung(conn, ctx, job, charge, answer) -> RetryAfter:
-    settings = ctx.settings
-    age = charge["age_seconds"]
-    ttl, horizon = settings.prompt_ttl_seconds, settings.escalate_after_seconds
-    if charge["prompt_expired_at"] is None and age >= ttl:
-        money.expire_prompt(conn, charge["id"], ttl)
-    unresolved = charge["status"] == "unresolved"
-    if not unresolved and age >= horizon:
-        # Escalated now, by this CAS, or a moment ago by the sweep: hourly either way.
-        money.escalate(conn, charge["id"], horizon)
-        unresolved = True
-    note = f"rail: {answer.kind.value}" + (f" {answer.detail or answer.reason or ''}".rstrip()
-                                          if answer.kind is not StatusKind.PENDING else "")
-    if unresolved:
-        return RetryAfter(UNRESOLVED_EVERY, note)
-    delay = poll_delay(max(job.attempts - 1, 0) + 1)
-    # Never sleep past a clock: the prompt expiry and the horizon happen on time.
-    for clock in ((ttl,) if charge["prompt_expired_at"] is None and age < ttl else ()) + (horizon,):
-        if age < clock:
-            delay = min(delay, max(clock - age, 1.0))
-    return RetryAfter(delay, note)
-
-
-def _same_money(charge, answer) -> bool:
-    """A success settles only when the rail's amount and currency, where it
-    reports them, are the charge's (minor units, ISO 4217)."""
-    if answer.currency is not None and answer.currency != charge["currency"]:
-        return False
-    return answer.amount is None or answer.amount == charge["amount"]
-
-
-def _verify_settled(ctx, charge, answer) -> Done:
-    """One status read of a terminal charge (a callback or a scan asked):
-    the opposite terminal answer is a contradiction; anything else, including
-    a stale PENDING, changes nothing."""
-    ours = charge["status"]
-    with ctx.pool.connection() as conn:
-        # Stamped, so the callback route's 10 s rule also spaces these reads.
-        money.record_poll(conn, charge["id"], rail_knows=answer.kind in (
-            StatusKind.PENDING, StatusKind.SUCCEEDED, StatusKind.FAILED))
-        if answer.terminal:
-            theirs = "succeeded" if answer.kind is StatusKind.SUCCEEDED else "failed"
-            if theirs != ours:
-                money.note_contradiction(conn, charge["id"], ours, charge["failure_code"],
-                                         theirs, answer.reason, where="poll")
-    return Done()
+poll = register_pollable(CHARGES)

@@ -1,90 +1,17 @@
 """``refund_poll:<refund_id>``: ask the rail how a refund ended, on the poll
-ladder (docs/flows/refunds.md; the charge's rules from the design page, "The
-poll ladder" and "Timers assert nothing").
+ladder (docs/flows/refunds.md).
 
-* Terminal answer → ``refunds.settle_refund`` (one event) → ``Done``.
-* Pending or no answer (5xx, timeout, refused) → ``RetryAfter(poll_delay)``;
-  never a decline.
-* 404 for a refund the rail never confirmed (``submitted_at`` NULL): the
-  request never arrived, so it is re-sent now with the same
-  ``X-Reference-Id``; a rejection fails the refund, otherwise the ladder goes
-  on. A 404 for a confirmed refund is "no answer".
-* At the 24-hour horizon (from ``refunds.created_at``) a pending refund is
-  escalated to ``unresolved`` with one alert, whether the rail answers or
-  not, and polled every hour from then on, for ever.
-* A refund already terminal gets one verification read: the opposite
-  terminal answer raises a ``rail_contradiction`` alert and changes nothing.
+The body is the one every pollable operation shares
+(``vpay.handlers.polling``; the rules: ``vpay.pollable``). What is a
+refund's own is in ``vpay.refunds.REFUNDS``: its status read is
+``Rail.refund_status``, its event hangs off the refunded charge's intent, and
+a 404 for a refund the rail never confirmed re-sends it at once with the same
+``X-Reference-Id`` (a rejection then fails the refund).
 """
 
 from __future__ import annotations
 
-import logging
+from ..refunds import REFUNDS
+from .polling import register_pollable
 
-from .. import refunds, testhooks
-from ..outcome import DeadLetter, Done, RetryAfter
-from ..rails.port import StatusKind, SubmitKind
-from .registry import register
-from .poll import UNRESOLVED_EVERY, poll_delay
-
-log = logging.getLogger("vpay.handlers.refund_poll")
-
-
-@register("refund_poll")
-def refund_poll(job, ctx):
-    """One status read of the refund named by ``job.payload["refund_id"]``,
-    and what follows from it (module docstring). Answers ``Done`` once the
-    refund is terminal, ``RetryAfter`` on the ladder otherwise, and
-    ``DeadLetter`` only for a payload naming no refund."""
-    refund_id = job.payload.get("refund_id")
-    with ctx.pool.connection() as conn:
-        refund = refunds.load_refund(conn, refund_id) if refund_id else None
-    if refund is None:
-        return DeadLetter(f"refund_poll names no refund: {refund_id!r}")
-    rail = ctx.rail(refund["rail"])
-    request = refunds.refund_request(refund)
-
-    if refund["status"] in ("succeeded", "failed"):
-        return _verify_settled(ctx, refund, rail.refund_status(request))
-
-    answer = rail.refund_status(request)
-    rail_knows = answer.kind in (StatusKind.PENDING, StatusKind.SUCCEEDED, StatusKind.FAILED)
-    with ctx.pool.connection() as conn:
-        refunds.record_poll(conn, refund_id, rail_knows)
-        if answer.terminal:
-            testhooks.pause("before_refund_settle_commit")
-            refunds.settle_refund(conn, refund_id, answer.kind, failure_code=answer.reason,
-                                  rail_transaction_id=answer.financial_transaction_id)
-            return Done()
-    if answer.kind is StatusKind.NOT_FOUND and refund["submitted_at"] is None:
-        with ctx.pool.connection() as conn:
-            sent = refunds.submit(conn, rail, refund)
-        if sent.kind is SubmitKind.REJECTED:
-            return Done("refund rejected on re-send")
-        log.info("refund re-sent after a 404", extra={"refund_id": refund_id,
-                                                      "answer": sent.kind.value})
-    with ctx.pool.connection() as conn:
-        return _next_rung(conn, ctx, job, refund, answer)
-
-
-def _next_rung(conn, ctx, job, refund, answer) -> RetryAfter:
-    age, horizon = refund["age_seconds"], ctx.settings.escalate_after_seconds
-    note = f"rail: {answer.kind.value}" + (f" {answer.detail or answer.reason or ''}".rstrip()
-                                          if answer.kind is not StatusKind.PENDING else "")
-    if refund["status"] == "unresolved" or age >= horizon:
-        # escalates once (a CAS); a racing worker's escalation counts the same
-        refunds.escalate_refund(conn, refund["id"], horizon)
-        return RetryAfter(UNRESOLVED_EVERY, note)
-    # Never sleep past the horizon: the escalation happens on time.
-    delay = min(poll_delay(max(job.attempts - 1, 0) + 1), max(horizon - age, 1.0))
-    return RetryAfter(delay, note)
-
-
-def _verify_settled(ctx, refund, answer) -> Done:
-    """One status read of a terminal refund: the opposite terminal answer is
-    a contradiction; anything else, including a stale PENDING, changes nothing."""
-    if answer.terminal:
-        theirs = "succeeded" if answer.kind is StatusKind.SUCCEEDED else "failed"
-        if theirs != refund["status"]:
-            with ctx.pool.connection() as conn:
-                refunds.note_contradiction(conn, refund, theirs, answer.reason, where="refund_poll")
-    return Done()
+refund_poll = register_pollable(REFUNDS)

@@ -1,15 +1,17 @@
 """``sweep:expired``: the hourly housekeeping sweep (design page, "Leases and
 crash recovery": the third place leases are reaped). It reaps expired leases,
-escalates every charge still pending past the 24-hour horizon (even one
-whose poll job was dead-lettered: "The escalation does not depend on the
-rail answering"), deletes Idempotency-Key records past their 24 hours, and
-reschedules itself; it never ends (``RetryAfter`` one hour)."""
+escalates every charge and every refund still pending past the 24-hour
+horizon (even one whose poll job was dead-lettered: "The escalation does not
+depend on the rail answering"), deletes Idempotency-Key records past their 24 hours,
+prunes finished rows older than ``VPAY_RETENTION_DAYS`` (``vpay.operator.prune``;
+0 keeps everything), and reschedules itself; it never ends (``RetryAfter``
+one hour)."""
 
 from __future__ import annotations
 
 import logging
 
-from .. import money, queue
+from .. import money, operator, pollable, queue, refunds
 from ..outcome import RetryAfter
 from ..queries import Q
 from .registry import HOURLY, register
@@ -22,8 +24,14 @@ def sweep(job, ctx):
     with ctx.pool.connection() as conn:
         reaped = queue.reap_expired_leases(conn)
         keys = conn.execute(Q["delete_expired_idempotency_keys"]).rowcount
-        escalated = money.escalate(conn, None, ctx.settings.escalate_after_seconds)
+        horizon = ctx.settings.escalate_after_seconds
+        escalated = money.escalate(conn, None, horizon)
+        escalated_refunds = pollable.escalate(conn, refunds.REFUNDS, None, horizon)
+        days = ctx.settings.retention_days
+        pruned = operator.prune(conn, days) if days > 0 else {}
     log.info("sweep", extra={"worker_id": ctx.worker_id, "reaped": len(reaped),
                              "idempotency_keys_deleted": keys, "escalated": len(escalated),
+                             "escalated_refunds": len(escalated_refunds),
+                             "retention_days": days, "pruned": pruned,
                              "dedupe_key": job.dedupe_key})
     return RetryAfter(HOURLY)

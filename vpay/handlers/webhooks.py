@@ -9,8 +9,14 @@ queue carries webhook fan-out and delivery").
   (``vpay.webhooks.post``) and answers the queue: 2xx → ``Done``; 410 → the
   endpoint is disabled, ``Done``; otherwise ``RetryAfter`` on the webhook
   schedule, then ``DeadLetter`` (the loop parks the job and writes a
-  ``job_dead_lettered`` alert). A disabled endpoint's pending deliveries end
-  ``Done`` without a request. The attempt number is the job's ``attempts``.
+  ``job_dead_lettered`` alert). A URL the worker's policy refuses for good
+  (an endpoint registered under ``VPAY_WEBHOOKS_ALLOW_PRIVATE=1``, delivered
+  by a worker without it) holds the endpoint instead: disabled once, one
+  ``webhook_endpoint_disabled`` alert naming the reason, the delivery
+  ``held`` (``webhooks enable`` re-queues what was held). A disabled
+  endpoint's pending deliveries end ``Done`` without a request (``held``
+  after a policy hold, else ``skipped``). The attempt number is the job's
+  ``attempts``.
 * An endpoint that is timing out is backed off as a whole
   (``vpay.webhooks.backoff``): while it is, its deliveries are deferred to
   the end of the back-off without a POST and without spending an attempt,
@@ -70,14 +76,17 @@ def deliver(job, ctx):
         return Done("event or endpoint gone")
     fields["host"] = urlsplit(row["url"]).hostname
     if not row["enabled"]:
-        _record(ctx, event_id, endpoint_id, "skipped", job.attempts, None, "endpoint disabled")
-        log.info("webhook delivery ended: endpoint disabled", extra=fields)
+        with ctx.pool.connection() as conn:
+            held = webhooks.held_by_policy(conn, endpoint_id)
+        _record(ctx, event_id, endpoint_id, "held" if held else "skipped", job.attempts, None,
+                "endpoint disabled")
+        log.info("webhook delivery ended: endpoint disabled", extra=fields | {"held": held})
         return Done("endpoint disabled")
     with ctx.pool.connection() as conn:
-        held = backoff.gate(conn, endpoint_id,
-                            webhooks.attempt_deadline(connect_timeout, read_timeout) + 5.0)
-    if held.wait_seconds > 0:
-        wait = held.wait_seconds + random.uniform(0.0, 1.0)  # spread the waiters' wake-up
+        backed_off = backoff.gate(conn, endpoint_id,
+                                  webhooks.attempt_deadline(connect_timeout, read_timeout) + 5.0)
+    if backed_off.wait_seconds > 0:
+        wait = backed_off.wait_seconds + random.uniform(0.0, 1.0)  # spread the waiters' wake-up
         log.info("webhook delivery deferred: endpoint backed off",
                  extra=fields | {"retry_in_seconds": round(wait, 1)})
         return RetryAfter(wait, "endpoint backed off: it is timing out", attempt_spent=False)
@@ -90,9 +99,16 @@ def deliver(job, ctx):
                             read_timeout=read_timeout, allow_private=webhooks.allow_private())
     with ctx.pool.connection() as conn:
         backoff.note(conn, endpoint_id, attempt)
-    decision = webhooks.decide(attempt, job.attempts)
     fields |= {"status_code": attempt.status_code, "seconds": round(attempt.elapsed, 3),
                "result": attempt.summary, "address": attempt.address}
+    if attempt.permanent:  # the policy refuses this URL for good: hold the endpoint, not the job
+        with ctx.pool.connection() as conn:
+            first = webhooks.hold_endpoint(conn, endpoint_id, attempt.summary)
+        _record(ctx, event_id, endpoint_id, "held", job.attempts, None, attempt.summary)
+        log.log(logging.ERROR if first else logging.INFO, "webhook endpoint held by the URL policy",
+                extra=fields | {"first": first})
+        return Done(f"held: {attempt.summary}")
+    decision = webhooks.decide(attempt, job.attempts)
 
     if decision.action == "delivered":
         _record(ctx, event_id, endpoint_id, "delivered", job.attempts, attempt.status_code, None)

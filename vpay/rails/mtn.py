@@ -435,20 +435,29 @@ class MtnMomo:
 
         Never raises for the rail's answers.
         """
-        url = f"{self.base_url}/collection/v1_0/requesttopay/{quote(charge.rail_reference, safe='')}"
-        product = self._collection
+        return self._read_status(self._collection, "collection/v1_0/requesttopay", "status", "charge",
+                                 charge.charge_id, charge.rail_reference)
+
+    def _read_status(self, product: _Product, resource: str, op: str, noun: str, our_id: str,
+                     reference: str) -> RailStatus:
+        """``GET {base}/{resource}/{reference}`` with ``product``'s token, mapped
+        to the port's ``RailStatus``: the one status read of both products
+        (collection: ``status``; disbursement: ``refund_status``), so a charge
+        and a refund can never be read by different rules. ``op``, ``noun``
+        and ``our_id`` name the call in the log line. Never raises for the
+        rail's answers."""
+        url = f"{self.base_url}/{resource}/{quote(reference, safe='')}"
         try:
             response, token = self._call(product, "GET", url)
         except _NoAnswer as no:
-            self._log_no_answer("status", "charge", charge.charge_id, charge.rail_reference, no)
+            self._log_no_answer(op, noun, our_id, reference, no)
             return RailStatus(StatusKind.NO_ANSWER, reason=no.reason,
                               http_status=no.http_status, detail=no.detail)
 
         result = self._status_from_response(response, product, token)
         log.info(
-            "mtn status charge=%s reference=%s -> %s (http %s, reason %s)",
-            charge.charge_id, charge.rail_reference, result.kind.value,
-            result.http_status, result.reason,
+            "mtn %s %s=%s reference=%s -> %s (http %s, reason %s)",
+            op, noun, our_id, reference, result.kind.value, result.http_status, result.reason,
         )
         return result
 
@@ -525,22 +534,8 @@ class MtnMomo:
         shape); 404 → NOT_FOUND; 401 (token dropped), 5xx, timeouts and
         unreadable bodies → NO_ANSWER, never a decline. Never raises.
         """
-        url = f"{self.base_url}/disbursement/v1_0/refund/{quote(refund.rail_reference, safe='')}"
-        product = self._disbursement
-        try:
-            response, token = self._call(product, "GET", url)
-        except _NoAnswer as no:
-            self._log_no_answer("refund_status", "refund", refund.refund_id, refund.rail_reference, no)
-            return RailStatus(StatusKind.NO_ANSWER, reason=no.reason,
-                              http_status=no.http_status, detail=no.detail)
-
-        result = self._status_from_response(response, product, token)
-        log.info(
-            "mtn refund_status refund=%s reference=%s -> %s (http %s, reason %s)",
-            refund.refund_id, refund.rail_reference, result.kind.value,
-            result.http_status, result.reason,
-        )
-        return result
+        return self._read_status(self._disbursement, "disbursement/v1_0/refund", "refund_status",
+                                 "refund", refund.refund_id, refund.rail_reference)
 
     # --- Rail: callback ----------------------------------------------------
 

@@ -65,13 +65,39 @@ def disable_endpoint(conn: psycopg.Connection, endpoint_id: str, reason: str) ->
 
 
 def enable_endpoint(conn: psycopg.Connection, endpoint_id: str) -> dict[str, Any] | None:
-    """Re-enable an endpoint for events from now on (deliveries that ended
-    while it was disabled are not replayed). None when unknown."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["webhook_endpoint_enable"], {"id": endpoint_id}).fetchone()
+    """Re-enable an endpoint; answer it with ``requeued``, the number of
+    deliveries put back on the queue, or None when unknown. After a URL-policy
+    hold (``hold_endpoint``) every delivery that waited is re-queued: those
+    held, and events of the merchant since the hold that the fan-out passed
+    by. After any other disable (an operator, a 410) deliveries that ended
+    while it was disabled are not replayed: events from now on only."""
+    with conn.transaction():
+        requeued = len(conn.execute(Q["webhook_endpoint_requeue_held"], {"id": endpoint_id}).fetchall())
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(Q["webhook_endpoint_enable"], {"id": endpoint_id}).fetchone()
     if row is not None:
-        log.info("webhook endpoint enabled", extra={"endpoint_id": endpoint_id})
+        log.info("webhook endpoint enabled", extra={"endpoint_id": endpoint_id, "requeued": requeued})
+        row = dict(row) | {"requeued": requeued}
     return row
+
+
+def hold_endpoint(conn: psycopg.Connection, endpoint_id: str, reason: str) -> bool:
+    """Disable an endpoint whose URL the worker's policy refuses for good
+    (``disabled_cause = 'url_policy'``) and raise one
+    ``webhook_endpoint_disabled`` alert naming ``reason``, in one statement.
+    Answers True for the call that disabled it; later calls (deliveries in
+    flight at the same time) change nothing and answer False."""
+    held = conn.execute(Q["webhook_endpoint_hold"], {"id": endpoint_id, "reason": reason[:500]}).fetchone()
+    if held is not None:
+        log.warning("webhook endpoint disabled: its URL is refused by this worker's policy",
+                    extra={"endpoint_id": endpoint_id, "reason": reason})
+    return held is not None
+
+
+def held_by_policy(conn: psycopg.Connection, endpoint_id: str) -> bool:
+    """Whether the endpoint is disabled by a URL-policy hold (its deliveries wait)."""
+    row = conn.execute(Q["webhook_endpoint_disabled_cause"], {"id": endpoint_id}).fetchone()
+    return row is not None and row[0] == "url_policy"
 
 
 def rotate_secret(conn: psycopg.Connection, endpoint_id: str,

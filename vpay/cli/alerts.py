@@ -1,0 +1,66 @@
+"""``vpay-server alerts list|ack``: what needs a human.
+
+``list [--open] [--kind K] [--charge ch_…]``: oldest first. ``ack ID… --note
+TEXT`` (or ``--all-open [--kind K]``): acknowledge open alerts, the note (who
+owns the case, what was found) stored on each. A table by default, JSON with
+``--json``. Exit codes: 0 done, 1 an unknown or already acknowledged alert
+(nothing changed), 2 usage, 69 database unavailable, 78 configuration refused.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .common import connect_db, echo_json, echo_table, fail
+from .jobs import _actor
+
+COLUMNS = ("id", "kind", "charge_id", "created_at", "acknowledged_at", "details", "note")
+
+
+@click.group()
+def alerts() -> None:
+    """Alerts raised for a human: list and acknowledge."""
+
+
+@alerts.command("list")
+@click.option("--open", "open_only", is_flag=True, help="Only alerts not yet acknowledged.")
+@click.option("--kind", default=None, help="Only this kind (charge_unresolved, job_dead_lettered, ...).")
+@click.option("--charge", default=None, help="Only this charge's alerts (ch_...).")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) -> None:
+    """Alerts, oldest first (at most 1000)."""
+    from ..operator import list_alerts
+    with connect_db() as conn:
+        rows = list_alerts(conn, open_only=open_only, kind=kind, charge=charge)
+    if as_json:
+        echo_json(rows)
+    else:
+        echo_table(rows, COLUMNS)
+
+
+@alerts.command("ack")
+@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--all-open", "every", is_flag=True, help="Every open alert (of --kind).")
+@click.option("--kind", default=None, help="With --all-open: only this kind.")
+@click.option("--note", required=True, help="Who owns the case and what was found (stored).")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+def ack(ids: tuple[int, ...], every: bool, kind: str | None, note: str, as_json: bool) -> None:
+    """Acknowledge alerts, keeping a note on each."""
+    from ..operator import Refused, ack as acknowledge, check_note, list_alerts
+    try:
+        note = check_note(note)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--note") from None
+    if bool(ids) == every:
+        raise click.UsageError("give alert ids or --all-open, not both and not neither")
+    with connect_db() as conn:
+        chosen = list(ids) if ids else [r["id"] for r in list_alerts(conn, open_only=True, kind=kind)]
+        try:
+            rows = acknowledge(conn, chosen, note, _actor()) if chosen else []
+        except Refused as exc:
+            fail(f"refused, nothing changed: {exc}")
+    if as_json:
+        echo_json(rows)
+    else:
+        echo_table(rows, ("id", "kind", "charge_id", "acknowledged_at", "note"))
+        click.echo(f"acknowledged {len(rows)}", err=True)

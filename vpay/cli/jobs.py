@@ -1,0 +1,111 @@
+"""``vpay-server jobs list|retry|release``: the queue, as an operator sees it.
+
+``list [--dead] [--stranded] [--kind K] [--lane L]``: jobs oldest ``run_at``
+first; ``--stranded`` is a lease past its own ``lease_expires_at`` (its
+worker is dead; a live worker renews). ``retry ID… | --all-dead``: dead
+letters due now, failure streak reset (a ``deliver`` job restarts its webhook
+schedule), their ``job_dead_lettered`` alerts acknowledged, one audit line
+each in the log. ``release ID… | --all-stranded``: only leases already past
+their expiry. A table by default, JSON with ``--json``. Exit codes: 0 done,
+1 an id that does not qualify (nothing changed), 2 usage, 69 database
+unavailable, 78 configuration refused.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .common import connect_db, echo_json, echo_table, fail
+
+COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", "run_at",
+           "locked_by", "lease_expires_at", "last_error")
+
+
+def _actor() -> str:
+    import getpass
+    import socket
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@click.group()
+def jobs() -> None:
+    """The job queue: list jobs, retry dead letters, release stranded leases."""
+
+
+@jobs.command("list")
+@click.option("--dead", is_flag=True, help="Only dead letters (run_at = infinity).")
+@click.option("--stranded", is_flag=True, help="Only leases past their own lease_expires_at.")
+@click.option("--kind", default=None, help="Only this job kind (poll, deliver, ...).")
+@click.option("--lane", default=None, help="Only this lane (mtn, orange, webhooks, housekeeping).")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+def list_(dead: bool, stranded: bool, kind: str | None, lane: str | None, as_json: bool) -> None:
+    """Jobs, oldest run_at first (at most 1000)."""
+    from ..operator import list_jobs
+    with connect_db() as conn:
+        rows = list_jobs(conn, dead=dead, stranded=stranded, kind=kind, lane=lane)
+    if as_json:
+        echo_json(rows)
+    else:
+        echo_table(rows, COLUMNS)
+
+
+def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[int]:
+    from ..operator import list_jobs
+    if bool(ids) == every:
+        raise click.UsageError(f"give job ids or {flag}, not both and not neither")
+    if every:
+        return [r["id"] for r in list_jobs(conn, **filters)]
+    return list(ids)
+
+
+@jobs.command("retry")
+@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--all-dead", "every", is_flag=True, help="Every dead letter (of --kind / --lane).")
+@click.option("--kind", default=None, help="With --all-dead: only this job kind.")
+@click.option("--lane", default=None, help="With --all-dead: only this lane.")
+@click.option("--note", default="retried by an operator", show_default=True,
+              help="Kept on the job_dead_lettered alerts this acknowledges, and in the audit line.")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+def retry(ids: tuple[int, ...], every: bool, kind: str | None, lane: str | None, note: str,
+          as_json: bool) -> None:
+    """Put dead letters back on the queue, due now (fix the cause first)."""
+    from ..operator import Refused, check_note, retry as requeue
+    try:
+        note = check_note(note)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--note") from None
+    with connect_db() as conn:
+        chosen = _ids(conn, ids, every, "--all-dead", dead=True, kind=kind, lane=lane)
+        try:
+            rows = requeue(conn, chosen, note, _actor()) if chosen else []
+        except Refused as exc:
+            fail(f"refused, nothing changed: {exc}")
+    if as_json:
+        echo_json(rows)
+    else:
+        echo_table(rows, ("id", "kind", "dedupe_key", "attempts", "last_error"))
+        click.echo(f"retried {len(rows)}", err=True)
+
+
+@jobs.command("release")
+@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--all-stranded", "every", is_flag=True, help="Every lease past its lease_expires_at.")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+def release(ids: tuple[int, ...], every: bool, as_json: bool) -> None:
+    """Free stranded leases (past their own lease_expires_at) so a live worker claims them."""
+    from ..operator import Refused, release as free
+    with connect_db() as conn:
+        chosen = _ids(conn, ids, every, "--all-stranded", stranded=True)
+        try:
+            rows = free(conn, chosen, _actor()) if chosen else []
+        except Refused as exc:
+            fail(f"refused, nothing changed: {exc}")
+    if as_json:
+        echo_json(rows)
+    else:
+        echo_table(rows, ("id", "kind", "dedupe_key", "failures", "last_error"))
+        click.echo(f"released {len(rows)}", err=True)
