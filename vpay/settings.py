@@ -69,6 +69,8 @@ class Settings:
     """``prompt_ttl_seconds``: how long a payer's prompt lives (design page,
     "The prompt-expiry half"; default 900). ``escalate_after_seconds``: the
     24-hour horizon from ``charges.created_at`` ("Timers assert nothing").
+    ``retention_days``: ``VPAY_RETENTION_DAYS`` (default 90; 0 keeps
+    everything), what the hourly sweep prunes (``vpay.operator.prune``).
     ``api_rail_timeout_seconds``: the total deadline of a rail call made by
     ``vpay-server api`` (``VPAY_API_RAIL_TIMEOUT_SECONDS``, default 3, at
     most 60); past it the create answers the intent ``processing`` and the
@@ -76,25 +78,14 @@ class Settings:
 
     prompt_ttl_seconds: int = 900
     escalate_after_seconds: int = 24 * 3600
-    api_rail_timeout_seconds: float = API_RAIL_TIMEOUT_SECONDS
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
-        """Raises ``ConfigError`` (exit 78 at boot) for a value out of range."""
-        env = os.environ if environ is None else environ
-        return cls(prompt_ttl_seconds=_positive_int(env, "VPAY_PROMPT_TTL_SECONDS", 900),
-                   api_rail_timeout_seconds=_seconds(env, "VPAY_API_RAIL_TIMEOUT_SECONDS",
-                                                     API_RAIL_TIMEOUT_SECONDS, 60.0))
-    ``retention_days``: ``VPAY_RETENTION_DAYS`` (default 90; 0 keeps
-    everything), what the hourly sweep prunes (``vpay.operator.prune``)."""
-
-    prompt_ttl_seconds: int = 900
-    escalate_after_seconds: int = 24 * 3600
     retention_days: int = RETENTION_DAYS
+    api_rail_timeout_seconds: float = API_RAIL_TIMEOUT_SECONDS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         """Raises ``ConfigError`` (exit 78) for a value that cannot be meant."""
         env = os.environ if environ is None else environ
         return cls(prompt_ttl_seconds=_positive_int(env, "VPAY_PROMPT_TTL_SECONDS", 900),
-                   retention_days=_retention_days(env))
+                   retention_days=_retention_days(env),
+                   api_rail_timeout_seconds=_seconds(env, "VPAY_API_RAIL_TIMEOUT_SECONDS",
+                                                     API_RAIL_TIMEOUT_SECONDS, 60.0))
