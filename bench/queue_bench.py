@@ -11,6 +11,10 @@
 2. Throughput: 2 worker processes x 5 loops over N no-op jobs
    (``test.count``), jobs per second from the first claim to the queue
    being empty.
+
+The test kinds live in the ``housekeeping`` lane (vpay/lanes.py), so the
+workers run with ``--queues housekeeping``: every loop claims them, through
+the per-lane claim (``claim_lane``), as a one-lane replica would.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def _wait_empty(conn, timeout: float = 600) -> None:
 
 def claim_latency(server: str, rounds: int = 10) -> None:
     url = _fresh(server, "vpay_bench_latency")
-    proc = _worker(url, "--worker-concurrency", "4", "--idle-sleep", "1.0")
+    # Test kinds live in the housekeeping lane: serve only it, so every loop claims them.
+    proc = _worker(url, "--worker-concurrency", "4", "--idle-sleep", "1.0", "--queues", "housekeeping")
     worst = []
     try:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -77,7 +82,8 @@ def claim_latency(server: str, rounds: int = 10) -> None:
                 conn.execute("TRUNCATE claim_latency")
                 with conn.transaction():
                     for i in range(8):
-                        conn.execute("INSERT INTO jobs (kind, dedupe_key) VALUES ('test.count', %s)",
+                        conn.execute("INSERT INTO jobs (kind, lane, dedupe_key) "
+                                     "VALUES ('test.count', 'housekeeping', %s)",
                                      (f"lat:{r}:{i}",))
                 _wait_empty(conn)
                 lat = [s for (s,) in conn.execute("SELECT seconds FROM claim_latency")]
@@ -94,10 +100,11 @@ def throughput(server: str, n: int = 10_000) -> None:
     url = _fresh(server, "vpay_bench_throughput")
     with psycopg.connect(url, autocommit=True) as conn:
         with conn.cursor() as cur:
-            cur.executemany("INSERT INTO jobs (kind, dedupe_key) VALUES ('test.count', %s)",
+            cur.executemany("INSERT INTO jobs (kind, lane, dedupe_key) VALUES ('test.count', 'housekeeping', %s)",
                             [(f"t:{i}",) for i in range(n)])
         started = time.monotonic()
-        procs = [_worker(url, "--worker-concurrency", "5", "--idle-sleep", "0.1") for _ in range(2)]
+        procs = [_worker(url, "--worker-concurrency", "5", "--idle-sleep", "0.1", "--queues", "housekeeping")
+                 for _ in range(2)]
         try:
             _wait_empty(conn)
             elapsed = time.monotonic() - started

@@ -98,16 +98,16 @@ def _arrange(db, charges: dict[str, dict]) -> None:
     for state, charge in charges.items():
         key, payload = f"poll:{charge['id']}", json.dumps({"charge_id": charge["id"]})
         if state == "parked":
-            db.execute("INSERT INTO jobs (kind, dedupe_key, payload, run_at) VALUES "
-                       "('poll', %s, %s, now() + interval '90 seconds')", (key, payload))
+            db.execute("INSERT INTO jobs (kind, lane, dedupe_key, payload, run_at) VALUES "
+                       "('poll', %s, %s, %s, now() + interval '90 seconds')", (charge["rail"], key, payload))
         elif state == "leased":
-            db.execute("INSERT INTO jobs (kind, dedupe_key, payload, run_at, locked_by, locked_at, "
-                       "lease_expires_at, lease_token, attempts) VALUES ('poll', %s, %s, "
+            db.execute("INSERT INTO jobs (kind, lane, dedupe_key, payload, run_at, locked_by, locked_at, "
+                       "lease_expires_at, lease_token, attempts) VALUES ('poll', %s, %s, %s, "
                        "now() + interval '90 seconds', 'w', now(), now() + interval '300 seconds', "
-                       "gen_random_uuid(), 1)", (key, payload))
+                       "gen_random_uuid(), 1)", (charge["rail"], key, payload))
         elif state == "dead":
-            db.execute("INSERT INTO jobs (kind, dedupe_key, payload, run_at, last_error) VALUES "
-                       "('poll', %s, %s, 'infinity', 'parked')", (key, payload))
+            db.execute("INSERT INTO jobs (kind, lane, dedupe_key, payload, run_at, last_error) VALUES "
+                       "('poll', %s, %s, %s, 'infinity', 'parked')", (charge["rail"], key, payload))
         # "terminal": no poll job
 
 

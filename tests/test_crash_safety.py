@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 
 from support import TimeMachine, base_env, rail_env, wait_until
 from vpay import payments, queue
+from vpay.lanes import lane_for
 from vpay.rails.mtn import MtnMomo
 
 pytestmark = pytest.mark.slow
@@ -204,18 +205,18 @@ def _executed(db, key) -> int:
 def _strand(db, kind, key, age_seconds, by="dead-worker", lease=300) -> None:
     """A job leased ``age_seconds`` ago, for ``lease`` seconds, by a process
     that no longer exists."""
-    db.execute("INSERT INTO jobs (kind, dedupe_key, payload, attempts, locked_by, locked_at, "
-               "lease_expires_at, lease_token) VALUES (%s, %s, %s, 1, %s, now() - make_interval(secs => %s), "
+    db.execute("INSERT INTO jobs (kind, lane, dedupe_key, payload, attempts, locked_by, locked_at, "
+               "lease_expires_at, lease_token) VALUES (%s, %s, %s, %s, 1, %s, now() - make_interval(secs => %s), "
                "now() - make_interval(secs => %s) + make_interval(secs => %s), gen_random_uuid())",
-               (kind, key, Jsonb({}), by, age_seconds, age_seconds, lease))
+               (kind, lane_for(kind), key, Jsonb({}), by, age_seconds, age_seconds, lease))
 
 
 def _schedule_later(db, *keys) -> None:
     """Scheduled jobs an hour out: nothing but the reaper under test runs."""
     for key, kind in (("sweep:expired", "sweep"), ("scan:live", "scan")):
         if key in keys:
-            db.execute("INSERT INTO jobs (kind, dedupe_key, run_at) VALUES (%s, %s, now() + interval '1 hour')",
-                       (kind, key))
+            db.execute("INSERT INTO jobs (kind, lane, dedupe_key, run_at) "
+                       "VALUES (%s, 'housekeeping', %s, now() + interval '1 hour')", (kind, key))
 
 
 def test_boot_reaps_before_claiming_even_when_the_dead_worker_held_the_sweep(db, db_url, spawn):
@@ -283,7 +284,7 @@ def test_sweep_expired_reaps_a_strand(db, db_url, spawn):
 
 
 def test_a_job_that_kills_its_worker_every_time_is_parked_with_an_alert(db, db_url, spawn):
-    db.execute("INSERT INTO jobs (kind, dedupe_key) VALUES ('test.exit', 'poison')")
+    db.execute("INSERT INTO jobs (kind, lane, dedupe_key) VALUES ('test.exit', 'housekeeping', 'poison')")
     env = base_env(db_url, VPAY_TEST_HANDLERS="1")
 
     def start():

@@ -129,10 +129,10 @@ def test_fleet_health(db, stack, spawn):
                timeout=60, what="the worker's hourly jobs")
     [(_, text)] = section("worker-queue.md", "Is the fleet healthy?")
     out = run_block("sql", text, env).stdout
-    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]]
-            for line in out.splitlines() if line.count("|") == 4}
-    assert rows["kind"] == ["due", "leased", "stranded", "dead"]
-    assert {"poll", "scan", "sweep"} <= set(rows)
+    cells = [[c.strip() for c in line.split("|")] for line in out.splitlines() if line.count("|") == 5]
+    rows = {(lane, kind): counts for lane, kind, *counts in cells}
+    assert rows[("lane", "kind")] == ["due", "leased", "stranded", "dead"]
+    assert {("mtn", "poll"), ("housekeeping", "scan"), ("housekeeping", "sweep")} <= set(rows)
     assert charge
 
 

@@ -115,7 +115,8 @@ def test_watchdog_pings_and_is_withheld_while_a_claim_loop_is_stuck(db, db_url, 
     assert worker.find(WITHHELD) == []
 
     # The only claim loop takes a job that sleeps for 8 s: it does not come round.
-    db.execute("""INSERT INTO jobs (kind, dedupe_key, payload) VALUES ('test.count', 'stuck', '{"sleep": 8}')""")
+    db.execute("""INSERT INTO jobs (kind, lane, dedupe_key, payload)
+                  VALUES ('test.count', 'housekeeping', 'stuck', '{"sleep": 8}')""")
     worker.wait_for_log(WITHHELD)
     stuck_from = time.time()
     seen = len(worker.find(WITHHELD))

@@ -135,7 +135,7 @@ def test_migrate_twice_and_concurrently_leaves_one_schema(fresh_db):
 def test_two_worker_processes_handle_each_of_2000_jobs_exactly_once(db, db_url, spawn):
     db.execute("CREATE TABLE test_executions (job_key text NOT NULL, worker text NOT NULL)")
     with db.cursor() as cur:
-        cur.executemany("INSERT INTO jobs (kind, dedupe_key) VALUES ('test.count', %s)",
+        cur.executemany("INSERT INTO jobs (kind, lane, dedupe_key) VALUES ('test.count', 'housekeeping', %s)",
                         [(f"count:{i}",) for i in range(2000)])
     env = base_env(db_url, VPAY_TEST_HANDLERS="1")
     workers = [spawn("vpay-worker", "--worker-concurrency", "5", "--idle-sleep", "0.1",

@@ -3,8 +3,10 @@
 Design page, "The job queue", "Leases and crash recovery" and "SIGTERM and
 the drain". The shape:
 
-* ``concurrency`` claim loops run in a ``ThreadPoolExecutor``. Each claims one
-  job, calls ``handlers.handle``, and applies the answer with a fenced write:
+* ``concurrency`` claim loops run in a ``ThreadPoolExecutor``, split among the
+  lanes this worker serves (``vpay.lanes.split``: each lane its own loops, so
+  a hanging merchant endpoint holds only the ``webhooks`` loops and MTN polls
+  go on). Each loop claims one job of its lanes, calls ``handlers.handle``, and applies the answer with a fenced write:
   ``Done`` → finish, ``RetryAfter`` → reschedule, ``DeadLetter`` → park. Any
   other exception is retried with backoff and parked after
   ``queue.MAX_FAILURES`` in a row. A fenced write that matches nothing is
@@ -36,7 +38,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from . import handlers, queue
+from . import handlers, lanes, queue
 from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
 from .sdnotify import Notifier, watchdog_interval
 from .signals import Drain, ShutdownSignals
@@ -52,19 +54,36 @@ DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout,
 
 @dataclass
 class WorkerConfig:
-    """Flags of ``vpay-worker`` (contract: Commands). Seconds throughout."""
+    """Flags of ``vpay-worker`` (contract: Commands). Seconds throughout.
+
+    ``concurrency`` is the total of claim loops; ``queues`` the lanes served
+    (``--queues``, default all); ``lane_concurrency`` exact loop counts for
+    some lanes (``--lane-concurrency``); ``passive`` rail lanes whose rail is
+    not configured here (they share the housekeeping loop). The split is
+    ``vpay.lanes.split``; it raises ``lanes.LaneError`` on counts that do not fit."""
 
     worker_id: str
     concurrency: int = 4
     shutdown_grace: float = 30.0
     lease: float = 300.0
     idle_sleep: float = 1.0
+    queues: tuple[str, ...] = lanes.LANES
+    lane_concurrency: dict[str, int] = field(default_factory=dict)
+    passive: tuple[str, ...] = ()
+
+    def loops(self) -> list[tuple[str, ...]]:
+        """The lanes each claim loop serves (``lanes.split``)."""
+        return lanes.split(self.concurrency, self.queues, self.lane_concurrency, self.passive)
+
+
+COUNTERS = ("claimed", "done", "retried", "failed", "parked", "lost", "reaped")
 
 
 @dataclass
 class Gauge:
-    """Counters since boot. ``lost`` counts fenced writes that matched
-    nothing: a handler outran its lease and someone else holds the job now."""
+    """Counters since boot, in total and per lane. ``lost`` counts fenced
+    writes that matched nothing: a handler outran its lease and someone else
+    holds the job now."""
 
     claimed: int = 0
     done: int = 0
@@ -73,17 +92,28 @@ class Gauge:
     parked: int = 0
     lost: int = 0
     reaped: int = 0
+    per_lane: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {lane: dict.fromkeys(COUNTERS, 0) for lane in lanes.LANES})
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, **counts: int) -> None:
+    def add(self, lane: str | None = None, **counts: int) -> None:
+        """Add ``counts`` to the totals and, with ``lane``, to that lane's."""
         with self._lock:
             for name, n in counts.items():
                 setattr(self, name, getattr(self, name) + n)
+                if lane is not None:
+                    row = self.per_lane.setdefault(lane, dict.fromkeys(COUNTERS, 0))
+                    row[name] += n
 
     def snapshot(self) -> dict[str, int]:
+        """The totals (the gauge line's top-level keys)."""
         with self._lock:
-            return {k: getattr(self, k) for k in
-                    ("claimed", "done", "retried", "failed", "parked", "lost", "reaped")}
+            return {k: getattr(self, k) for k in COUNTERS}
+
+    def lane_snapshot(self) -> dict[str, dict[str, int]]:
+        """``{lane: {claimed, done, ...}}``."""
+        with self._lock:
+            return {lane: dict(row) for lane, row in self.per_lane.items()}
 
 
 def failure_backoff(failures: int) -> float:
@@ -117,6 +147,7 @@ class Worker:
         self._halt = threading.Event()      # the helper threads' stop
         self._inflight: dict[uuid.UUID, queue.Job] = {}
         self._inflight_lock = threading.Lock()
+        self.loops = config.loops()  # lanes.LaneError on a split that does not fit
         self._beats: list[float] = [time.monotonic()] * config.concurrency
 
     # ---- the claim loop -------------------------------------------------
@@ -129,7 +160,8 @@ class Worker:
             self._beats[slot] = time.monotonic()
             try:
                 with self.pool.connection() as conn:
-                    job = queue.claim(conn, self.config.worker_id, self.config.lease)
+                    job = queue.claim(conn, self.config.worker_id, self.config.lease,
+                                      self.loops[slot])
             except psycopg.Error as exc:  # any database error: back off, never end the loop
                 log.warning("claim failed; database unavailable",
                             extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
@@ -140,7 +172,7 @@ class Worker:
             if job is None:
                 self._stopping.wait(self.config.idle_sleep)
                 continue
-            self.gauge.add(claimed=1)
+            self.gauge.add(job.lane, claimed=1)
             with self._inflight_lock:
                 self._inflight[job.lease_token] = job
             try:
@@ -152,7 +184,7 @@ class Worker:
 
     def _job_extra(self, job: queue.Job, **more) -> dict:
         return {"worker_id": self.config.worker_id, "job_id": job.id, "kind": job.kind,
-                "dedupe_key": job.dedupe_key, "attempts": job.attempts, **more}
+                "lane": job.lane, "dedupe_key": job.dedupe_key, "attempts": job.attempts, **more}
 
     def _run(self, job: queue.Job) -> None:
         started = time.monotonic()
@@ -177,7 +209,7 @@ class Worker:
                       extra=self._job_extra(job, error=f"{type(exc).__name__}: {exc}"[:300]))
             return
         if not kept:
-            self.gauge.add(lost=1)
+            self.gauge.add(job.lane, lost=1)
             log.warning("lease lost: the outcome was discarded", extra=self._job_extra(
                 job, outcome=type(outcome).__name__ if outcome else "error", seconds=elapsed))
             return
@@ -192,28 +224,28 @@ class Worker:
                     reason = f"dead-lettered after {job.failures + 1} consecutive failures; last: {error}"
                     kept = queue.park(conn, job, reason)
                     if kept:
-                        self.gauge.add(parked=1)
+                        self.gauge.add(job.lane, parked=1)
                         log.error("job dead-lettered", extra=self._job_extra(job, reason=reason))
                     return kept
                 kept = queue.retry_failed(conn, job, failure_backoff(job.failures), error or "")
                 if kept:
-                    self.gauge.add(failed=1)
+                    self.gauge.add(job.lane, failed=1)
                 return kept
             if isinstance(outcome, Done):
                 kept = queue.finish(conn, job)
                 if kept:
-                    self.gauge.add(done=1)
+                    self.gauge.add(job.lane, done=1)
                 return kept
             if isinstance(outcome, RetryAfter):
                 kept = queue.reschedule(conn, job, outcome.seconds, outcome.note,
                                         spent=outcome.attempt_spent)
                 if kept:
-                    self.gauge.add(retried=1)
+                    self.gauge.add(job.lane, retried=1)
                 return kept
             if isinstance(outcome, DeadLetter):
                 kept = queue.park(conn, job, outcome.reason)
                 if kept:
-                    self.gauge.add(parked=1)
+                    self.gauge.add(job.lane, parked=1)
                     log.error("job dead-lettered", extra=self._job_extra(job, reason=outcome.reason))
                 return kept
         raise TypeError(f"handler for {job.kind!r} returned {outcome!r}, not an Outcome")
@@ -227,9 +259,10 @@ class Worker:
         for row in rows:
             log.warning("lease reaped", extra={"worker_id": self.config.worker_id,
                                                "job_id": row["id"], "kind": row["kind"],
-                                               "dedupe_key": row["dedupe_key"],
+                                               "lane": row["lane"], "dedupe_key": row["dedupe_key"],
                                                "parked": row["parked"]})
-        self.gauge.add(reaped=len(rows))
+        for row in rows:
+            self.gauge.add(row["lane"], reaped=1)
         return len(rows)
 
     def _heartbeat_thread(self) -> None:
@@ -257,15 +290,30 @@ class Worker:
                 log.warning("reaper could not reach the database", extra={"error": str(exc)[:300]})
 
     def gauge_line(self, final: bool = False) -> dict:
-        counts = self.gauge.snapshot()
+        """Log the gauge: the totals since boot and the queue depth as
+        top-level keys (``claimed`` ... ``reaped``, ``due``, ``leased``,
+        ``dead``), and ``lanes``: the same per lane, plus ``loops`` (this
+        worker's loops serving that lane). Depths are -1 when the database
+        cannot be read. Answers the line's fields."""
+        counts: dict = self.gauge.snapshot()
+        per_lane = self.gauge.lane_snapshot()
+        unknown = {"due": -1, "leased": -1, "dead": -1}
         try:
             with self.pool.connection(timeout=5) as conn:
                 counts |= queue.depth(conn)
+                depths = queue.depth_by_lane(conn)
         except psycopg.Error:
-            counts |= {"due": -1, "leased": -1, "dead": -1}
+            counts |= unknown
+            depths = {}
+        for lane, row in per_lane.items():
+            row |= depths.get(lane, unknown)
+            row["loops"] = sum(1 for group in self.loops if lane in group)
+        status = " ".join(f"{k}={v}" for k, v in counts.items())
+        status += " due_by_lane=" + ",".join(f"{lane}:{row['due']}" for lane, row in per_lane.items())
+        counts["lanes"] = per_lane
         log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts,
                                  "rail_paused_until": self.ctx.rail_pauses()})
-        self.notifier.status(" ".join(f"{k}={v}" for k, v in counts.items()))
+        self.notifier.status(status)
         return counts
 
     def _gauge_thread(self) -> None:
@@ -293,8 +341,18 @@ class Worker:
     def run(self) -> Drain:
         cfg = self.config
         reaped = self.reap()
+        split = lanes.describe(self.loops)
         log.info("worker started", extra={"worker_id": cfg.worker_id, "concurrency": cfg.concurrency,
+                                          "queues": list(cfg.queues), "loops": split,
                                           "lease_seconds": cfg.lease, "reaped_at_boot": reaped})
+        # A rail lane riding along for want of its rail calls nobody: not a risk.
+        shared = ["+".join(g) for g in dict.fromkeys(self.loops)
+                  if len([lane for lane in g if lane not in cfg.passive]) > 1]
+        if shared:
+            log.warning("lanes share claim loops: a stuck job in one holds the others",
+                        extra={"worker_id": cfg.worker_id, "shared": shared,
+                               "hint": f"--worker-concurrency {len(cfg.queues)} or more gives "
+                                       f"each lane its own loop"})
         # READY=1 before the first claim: start-up (pool, boot reap) is over,
         # and no job is handled before the service manager hears it.
         self.notifier.ready(status=f"claiming with {cfg.concurrency} loops")

@@ -2,8 +2,8 @@
 
 Each file holds blocks that start with a ``-- name: <name>`` line, in the
 style of procrastinate's ``queries.sql``: a reader finds every query the
-project runs in one folder. ``Q["claim"]`` is the text of the block named
-``claim``; names are unique across files (a duplicate raises at import).
+project runs in one folder. ``Q["claim_lane"]`` is the text of the block named
+``claim_lane``; names are unique across files (a duplicate raises at import).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from . import lanes as _lanes
 from .queries import Q
 
 MAX_FAILURES = 5
@@ -39,7 +40,8 @@ expired because the process died) after which a job is dead-lettered."""
 class Job:
     """A claimed job. ``attempts`` counts claims including this one;
     ``failures`` the consecutive claims before this one that ended without
-    an outcome; ``lease_token`` fences every write that ends this lease."""
+    an outcome; ``lease_token`` fences every write that ends this lease;
+    ``lane`` is the job's lane (``vpay.lanes``)."""
 
     id: int
     kind: str
@@ -51,22 +53,51 @@ class Job:
     worker: str
     run_at: datetime
     created_at: datetime
+    lane: str = _lanes.DEFAULT_LANE
+    """The lane the job was claimed from (``jobs.lane``); the default only
+    serves a ``Job`` built by hand (tests)."""
 
 
 def enqueue(conn: psycopg.Connection, kind: str, dedupe_key: str,
-            payload: dict[str, Any] | None = None, delay: float = 0.0) -> bool:
+            payload: dict[str, Any] | None = None, delay: float = 0.0, *,
+            rail: str | None = None, lane: str | None = None) -> bool:
     """Insert a job due in ``delay`` seconds unless one with ``dedupe_key``
-    exists (``ON CONFLICT DO NOTHING``). Answers whether it inserted."""
-    row = conn.execute(Q["enqueue"], {"kind": kind, "dedupe_key": dedupe_key,
-                                      "payload": Jsonb(payload or {}), "delay": float(delay)}).fetchone()
+    exists (``ON CONFLICT DO NOTHING``). Answers whether it inserted.
+
+    The job's lane is ``lanes.lane_for(kind, rail)``. For a rail kind
+    (``poll``, ``resubmit``, ``refund_poll``) without ``rail``, the rail is
+    read from the payload's ``charge_id`` (or ``refund_id``) on ``conn``, so
+    inside the caller's transaction a charge created there is seen. ``lane``
+    places the job explicitly (tests; it must be one of ``lanes.LANES``).
+    Raises ``lanes.LaneError`` when the lane cannot be known (a rail kind
+    whose charge or refund does not exist): nothing is inserted."""
+    payload = payload or {}
+    if lane is None:
+        if kind in _lanes.RAIL_KINDS and rail is None:
+            rail = conn.execute(Q["job_rail"], {"charge_id": payload.get("charge_id"),
+                                                "refund_id": payload.get("refund_id")}).fetchone()[0]
+        lane = _lanes.lane_for(kind, rail)
+    elif lane not in _lanes.LANES:
+        raise _lanes.LaneError(f"unknown lane {lane!r}; lanes are {','.join(_lanes.LANES)}")
+    row = conn.execute(Q["enqueue"], {"kind": kind, "lane": lane, "dedupe_key": dedupe_key,
+                                      "payload": Jsonb(payload), "delay": float(delay)}).fetchone()
     return row is not None
 
 
-def claim(conn: psycopg.Connection, worker: str, lease: float = 300.0) -> Job | None:
-    """Lease one due job for ``worker`` for ``lease`` seconds (the row's
-    ``lease_expires_at``), or ``None`` when nothing is due."""
+def claim(conn: psycopg.Connection, worker: str, lease: float = 300.0,
+          lanes: Iterable[str] | None = None) -> Job | None:
+    """Lease the oldest due job of ``lanes`` (default: every lane) for
+    ``worker`` for ``lease`` seconds (the row's ``lease_expires_at``), or
+    ``None`` when nothing is due there. One lane uses ``claim_lane`` (an
+    ordered scan of ``jobs_claimable_lane``); several use ``claim_lanes``."""
+    lanes = tuple(_lanes.LANES if lanes is None else lanes)
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["claim"], {"worker": worker, "lease": float(lease)}).fetchone()
+        if len(lanes) == 1:
+            row = cur.execute(Q["claim_lane"], {"worker": worker, "lease": float(lease),
+                                                "lane": lanes[0]}).fetchone()
+        else:
+            row = cur.execute(Q["claim_lanes"], {"worker": worker, "lease": float(lease),
+                                                 "lanes": list(lanes)}).fetchone()
     if row is None:
         return None
     return Job(worker=worker, **row)
@@ -129,8 +160,8 @@ def reap_expired_leases(conn: psycopg.Connection,
     """Free every lease past its own ``lease_expires_at`` (set at claim from
     the claiming worker's lease, so a reaper never judges another worker's
     lease by its own); a job whose leases keep expiring is dead-lettered
-    after ``max_failures`` with an alert. Answers ``[{id, kind, dedupe_key,
-    parked}]`` of the rows reaped."""
+    after ``max_failures`` with an alert. Answers ``[{id, kind, lane,
+    dedupe_key, parked}]`` of the rows reaped."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(Q["reap_expired_leases"], {"max_failures": max_failures}).fetchall()
 
@@ -139,3 +170,11 @@ def depth(conn: psycopg.Connection) -> dict[str, int]:
     """``{due, leased, dead}``: the gauge's queue counts."""
     with conn.cursor(row_factory=dict_row) as cur:
         return dict(cur.execute(Q["depth"]).fetchone())
+
+
+def depth_by_lane(conn: psycopg.Connection) -> dict[str, dict[str, int]]:
+    """``{lane: {due, leased, dead}}`` for every lane in ``lanes.LANES``
+    (zeros where a lane has no rows)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = {r.pop("lane"): r for r in cur.execute(Q["depth_by_lane"]).fetchall()}
+    return {lane: rows.get(lane, {"due": 0, "leased": 0, "dead": 0}) for lane in _lanes.LANES}

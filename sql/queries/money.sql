@@ -69,8 +69,9 @@ SELECT id, type, data, created_at FROM events WHERE payment_intent_id = %(id)s O
 -- name: scan_live
 -- The backstop: live charges nothing has touched for a while and that have
 -- no poll job get one. Unresolved charges poll hourly, pending ones at once.
-INSERT INTO jobs (kind, dedupe_key, payload, run_at)
-SELECT 'poll', 'poll:' || c.id, jsonb_build_object('charge_id', c.id), now()
+-- A poll's lane is its charge's rail (vpay.lanes.lane_for).
+INSERT INTO jobs (kind, lane, dedupe_key, payload, run_at)
+SELECT 'poll', c.rail, 'poll:' || c.id, jsonb_build_object('charge_id', c.id), now()
   FROM charges c
  WHERE c.status IN ('pending', 'unresolved')
    AND coalesce(c.last_polled_at, c.created_at) < now() - make_interval(secs => %(untouched)s)

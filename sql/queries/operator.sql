@@ -1,13 +1,11 @@
 -- The operator's commands (vpay/operator.py; vpay-server jobs, alerts, prune)
 -- and the URL-policy hold of webhook endpoints. Every "now" is the database's.
--- jobs.lane is read as to_jsonb(j) ->> 'lane' so that these queries work
--- before and after the lanes migration (the column is NULL-read until then).
 
 -- name: op_jobs_list
 -- state: dead (run_at = infinity), stranded (a lease past its own expiry:
 -- its worker is dead), leased, due, scheduled. run_at is NULL for a dead letter
 -- (infinity has no ISO form).
-SELECT j.id, j.kind, to_jsonb(j) ->> 'lane' AS lane, j.dedupe_key,
+SELECT j.id, j.kind, j.lane AS lane, j.dedupe_key,
        CASE WHEN j.run_at = 'infinity' THEN 'dead'
             WHEN j.locked_at IS NOT NULL AND j.lease_expires_at < now() THEN 'stranded'
             WHEN j.locked_at IS NOT NULL THEN 'leased'
@@ -20,7 +18,7 @@ SELECT j.id, j.kind, to_jsonb(j) ->> 'lane' AS lane, j.dedupe_key,
  WHERE (NOT %(dead)s OR j.run_at = 'infinity')
    AND (NOT %(stranded)s OR (j.locked_at IS NOT NULL AND j.lease_expires_at < now()))
    AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
-   AND (%(lane)s::text IS NULL OR to_jsonb(j) ->> 'lane' = %(lane)s)
+   AND (%(lane)s::text IS NULL OR j.lane = %(lane)s)
    AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s))
  ORDER BY j.run_at, j.id
  LIMIT %(limit)s;
@@ -193,8 +191,8 @@ WITH ep AS (
 ), cleared AS (
     UPDATE webhook_endpoints w SET disabled_cause = NULL FROM ep WHERE w.id = ep.id
 )
-INSERT INTO jobs (kind, dedupe_key, payload)
-SELECT 'deliver', 'deliver:' || event_id || ':' || endpoint_id,
+INSERT INTO jobs (kind, lane, dedupe_key, payload)
+SELECT 'deliver', 'webhooks', 'deliver:' || event_id || ':' || endpoint_id,
        jsonb_build_object('event_id', event_id, 'endpoint_id', endpoint_id)
   FROM (SELECT event_id, endpoint_id FROM missed UNION SELECT event_id, endpoint_id FROM held) w
 ON CONFLICT (dedupe_key) DO UPDATE SET run_at = now(), failures = 0, attempts = 0
@@ -204,7 +202,7 @@ RETURNING id;
 -- name: op_charge_polls
 -- payments show: each charge's poll job (next read, attempts, lane, last
 -- error); a dead letter has no next read.
-SELECT substr(j.dedupe_key, 6) AS charge_id, j.dedupe_key, to_jsonb(j) ->> 'lane' AS lane,
+SELECT substr(j.dedupe_key, 6) AS charge_id, j.dedupe_key, j.lane AS lane,
        CASE WHEN j.run_at = 'infinity' THEN 'dead'
             WHEN j.locked_at IS NOT NULL AND j.lease_expires_at < now() THEN 'stranded'
             WHEN j.locked_at IS NOT NULL THEN 'leased'

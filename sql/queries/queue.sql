@@ -4,12 +4,21 @@
 -- cannot overwrite whoever holds the job now, even a later claim of its own.
 
 -- name: enqueue
-INSERT INTO jobs (kind, dedupe_key, payload, run_at)
-VALUES (%(kind)s, %(dedupe_key)s, %(payload)s, now() + make_interval(secs => %(delay)s))
+-- The lane comes from vpay.lanes.lane_for (queue.enqueue computes it).
+INSERT INTO jobs (kind, lane, dedupe_key, payload, run_at)
+VALUES (%(kind)s, %(lane)s, %(dedupe_key)s, %(payload)s, now() + make_interval(secs => %(delay)s))
 ON CONFLICT (dedupe_key) DO NOTHING
 RETURNING id;
 
--- name: claim
+-- name: job_rail
+-- The rail of a rail kind's charge or refund, for its lane.
+SELECT coalesce((SELECT rail FROM charges WHERE id = %(charge_id)s),
+                (SELECT rail FROM refunds WHERE id = %(refund_id)s)) AS rail;
+
+-- name: claim_lane
+-- The oldest due job of one lane. Served by jobs_claimable_lane (lane,
+-- run_at): an ordered index scan inside the lane that stops at the first row
+-- SKIP LOCKED can take; no sort, other lanes' rows never read.
 UPDATE jobs
    SET attempts = attempts + 1,
        locked_by = %(worker)s,
@@ -18,13 +27,36 @@ UPDATE jobs
        lease_token = gen_random_uuid()
  WHERE id = (SELECT id
                FROM jobs
-              WHERE locked_at IS NULL
+              WHERE lane = %(lane)s
+                AND locked_at IS NULL
                 AND run_at <> 'infinity'
                 AND run_at <= now()
               ORDER BY run_at
               LIMIT 1
                 FOR UPDATE SKIP LOCKED)
-RETURNING id, kind, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at;
+RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at;
+
+-- name: claim_lanes
+-- The oldest due job of several lanes (a loop that shares lanes: fewer
+-- loops than lanes). jobs_claimable (run_at) walks due rows in order and
+-- filters on the lane; an ordered scan of (lane, run_at) cannot serve
+-- lane = ANY(...) ORDER BY run_at.
+UPDATE jobs
+   SET attempts = attempts + 1,
+       locked_by = %(worker)s,
+       locked_at = now(),
+       lease_expires_at = now() + make_interval(secs => %(lease)s),
+       lease_token = gen_random_uuid()
+ WHERE id = (SELECT id
+               FROM jobs
+              WHERE lane = ANY(%(lanes)s)
+                AND locked_at IS NULL
+                AND run_at <> 'infinity'
+                AND run_at <= now()
+              ORDER BY run_at
+              LIMIT 1
+                FOR UPDATE SKIP LOCKED)
+RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at;
 
 -- name: finish
 DELETE FROM jobs
@@ -107,7 +139,7 @@ WITH reaped AS (
                         END
      WHERE locked_at IS NOT NULL
        AND lease_expires_at < now()
-    RETURNING id, kind, dedupe_key, payload, attempts, run_at, last_error
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, run_at, last_error
 ), alert AS (
     INSERT INTO alerts (kind, charge_id, details)
     SELECT 'job_dead_lettered',
@@ -118,10 +150,19 @@ WITH reaped AS (
       FROM reaped
      WHERE reaped.run_at = 'infinity'
 )
-SELECT id, kind, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
+SELECT id, kind, lane, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
 
 -- name: depth
 SELECT count(*) FILTER (WHERE locked_at IS NULL AND run_at <= now() AND run_at <> 'infinity') AS due,
        count(*) FILTER (WHERE locked_at IS NOT NULL) AS leased,
        count(*) FILTER (WHERE run_at = 'infinity') AS dead
   FROM jobs;
+
+-- name: depth_by_lane
+-- The same counts per lane (the gauge's per-lane part).
+SELECT lane,
+       count(*) FILTER (WHERE locked_at IS NULL AND run_at <= now() AND run_at <> 'infinity') AS due,
+       count(*) FILTER (WHERE locked_at IS NOT NULL) AS leased,
+       count(*) FILTER (WHERE run_at = 'infinity') AS dead
+  FROM jobs
+ GROUP BY lane;

@@ -18,8 +18,9 @@ WITH targets AS (
     ON CONFLICT (event_id, endpoint_id) DO NOTHING
     RETURNING event_id, endpoint_id
 )
-INSERT INTO jobs (kind, dedupe_key, payload)
-SELECT 'deliver', 'deliver:' || event_id || ':' || endpoint_id,
+-- deliver jobs belong to the webhooks lane (vpay.lanes.lane_for).
+INSERT INTO jobs (kind, lane, dedupe_key, payload)
+SELECT 'deliver', 'webhooks', 'deliver:' || event_id || ':' || endpoint_id,
        jsonb_build_object('event_id', event_id, 'endpoint_id', endpoint_id)
   FROM recorded
 ON CONFLICT (dedupe_key) DO NOTHING

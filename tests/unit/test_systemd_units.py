@@ -16,10 +16,12 @@ import pytest
 
 UNIT_DIR = Path(__file__).resolve().parents[2] / "systemd"
 WORKER = UNIT_DIR / "vpay-worker@.service"
+LANES_WORKER = UNIT_DIR / "vpay-worker-lanes@.service"
 API = UNIT_DIR / "vpay-api.service"
 TARGET = UNIT_DIR / "vpay.target"
 ENV_EXAMPLE = UNIT_DIR / "vpay.env.example"
-SERVICES = [WORKER, API]
+SERVICES = [WORKER, LANES_WORKER, API]
+WORKERS = [WORKER, LANES_WORKER]
 
 # Hardening both services must keep (key -> exact value).
 HARDENING = {
@@ -115,8 +117,9 @@ def test_units_belong_to_the_target(path):
     assert {"network-online.target", "postgresql.service"} <= set(unit["Unit"]["After"].split())
 
 
-def test_worker_stop_timeout_exceeds_the_drain_grace():
-    unit = load_unit(WORKER)
+@pytest.mark.parametrize("path", WORKERS, ids=lambda p: p.name)
+def test_worker_stop_timeout_exceeds_the_drain_grace(path):
+    unit = load_unit(path)
     argv = exec_start_argv(unit)
     grace = flag_value(argv, "--shutdown-grace-seconds")
     assert grace is not None, "ExecStart must pass --shutdown-grace-seconds explicitly"
@@ -124,16 +127,39 @@ def test_worker_stop_timeout_exceeds_the_drain_grace():
     assert stop > float(grace), f"TimeoutStopSec={stop}s would SIGKILL a worker still inside its {grace}s grace"
 
 
-def test_worker_command_line():
-    unit = load_unit(WORKER)
+@pytest.mark.parametrize("path", WORKERS, ids=lambda p: p.name)
+def test_worker_command_line(path):
+    unit = load_unit(path)
     argv = exec_start_argv(unit)
     assert Path(argv[0]).name == "vpay-worker"
-    assert "%i" in (flag_value(argv, "--worker-id") or ""), "each replica needs its own worker id"
+    assert "%i" in (flag_value(argv, "--worker-id") or "").lower(), "each replica needs its own worker id"
     assert int(flag_value(argv, "--worker-concurrency")) >= 1
 
 
-def test_worker_watchdog():
-    service = load_unit(WORKER)["Service"]
+def test_the_replica_template_serves_every_lane_and_the_lanes_template_its_instance():
+    assert flag_value(exec_start_argv(load_unit(WORKER)), "--queues") is None
+    # %I (unescaped): "vpay-worker-lanes@mtn\x2corange" runs --queues mtn,orange
+    assert flag_value(exec_start_argv(load_unit(LANES_WORKER)), "--queues") == "%I"
+
+
+def test_the_two_worker_templates_differ_only_in_what_names_the_instance():
+    """The lanes template is the replica template with --queues: every
+    lifecycle and hardening line stays the same in both."""
+    def body(path):
+        service = dict(load_unit(path)["Service"])
+        service.pop("ExecStart")
+        return service
+    assert body(WORKER) == body(LANES_WORKER)
+    assert load_unit(WORKER)["Install"] == load_unit(LANES_WORKER)["Install"]
+    plain = exec_start_argv(load_unit(WORKER))
+    lanes = exec_start_argv(load_unit(LANES_WORKER))
+    assert [a for a in lanes if a not in ("--queues", "%I", "%H:%I")] == \
+        [a for a in plain if a != "%H:%i"]
+
+
+@pytest.mark.parametrize("path", WORKERS, ids=lambda p: p.name)
+def test_worker_watchdog(path):
+    service = load_unit(path)["Service"]
     assert "WatchdogSec" in service
     assert parse_timespan(service["WatchdogSec"]) > 0
     assert parse_timespan(service["RestartSec"]) > 0
@@ -205,7 +231,7 @@ def _stand_in_executable() -> str:
 @pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed (apt-get install systemd); unit syntax still checked by the pure-Python tests")
 def test_systemd_analyze_verify(tmp_path):
     stand_in = _stand_in_executable()
-    for src in (WORKER, API, TARGET):
+    for src in (WORKER, LANES_WORKER, API, TARGET):
         text = src.read_text()
         text = re.sub(r"^(ExecStart=)(\S+)", lambda m: m.group(1) + stand_in, text, flags=re.M)
         (tmp_path / src.name).write_text(text)
@@ -213,8 +239,12 @@ def test_systemd_analyze_verify(tmp_path):
     # how systemd finds the template for it.
     for n in (1, 2):
         (tmp_path / f"vpay-worker@{n}.service").symlink_to("vpay-worker@.service")
+    lane_sets = ["vpay-worker-lanes@mtn.service", "vpay-worker-lanes@mtn\\x2corange.service"]
+    for name in lane_sets:
+        (tmp_path / name).symlink_to("vpay-worker-lanes@.service")
 
-    names = ["vpay-worker@1.service", "vpay-worker@2.service", "vpay-api.service", "vpay.target"]
+    names = ["vpay-worker@1.service", "vpay-worker@2.service", *lane_sets, "vpay-api.service",
+             "vpay.target"]
     proc = subprocess.run(
         [SYSTEMD_ANALYZE, "verify", "--man=no", *[str(tmp_path / n) for n in names]],
         cwd=tmp_path,
@@ -225,6 +255,18 @@ def test_systemd_analyze_verify(tmp_path):
     output = (proc.stdout + proc.stderr).strip()
     # Unknown keys and unparsable values are only warnings (exit 0): fail on
     # any line about our units too.
-    markers = [str(tmp_path), *names, "vpay-worker@.service"]
+    markers = [str(tmp_path), *names, "vpay-worker@.service", "vpay-worker-lanes@.service"]
     ours = [line for line in output.splitlines() if any(m in line for m in markers)]
     assert proc.returncode == 0 and not ours, f"systemd-analyze verify (exit {proc.returncode}):\n{output}"
+
+
+@pytest.mark.skipif(shutil.which("systemd-escape") is None, reason="systemd-escape not installed")
+def test_a_lane_set_instance_name_round_trips_to_a_queues_value_the_worker_accepts():
+    from vpay.lanes import parse_queues
+    escaped = subprocess.run([shutil.which("systemd-escape"), "--template", "vpay-worker-lanes@.service",
+                              "mtn,orange"], capture_output=True, text=True, check=True).stdout.strip()
+    assert escaped == r"vpay-worker-lanes@mtn\x2corange.service"  # as README.md and the unit say
+    instance = escaped.split("@", 1)[1].removesuffix(".service")
+    unescaped = subprocess.run([shutil.which("systemd-escape"), "--unescape", instance],
+                               capture_output=True, text=True, check=True).stdout.strip()  # what %I gives
+    assert parse_queues(unescaped) == ("mtn", "orange")

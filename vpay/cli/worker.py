@@ -29,11 +29,23 @@ log = logging.getLogger("vpay.cli")
 @click.option("--idle-sleep", type=float, default=1.0, show_default=True,
               help="Seconds a claim loop sleeps when nothing is due.")
 @click.option("--worker-id", default=None, help="Lease owner name [default: <hostname>:<pid>].")
+@click.option("--queues", envvar="VPAY_WORKER_QUEUES", default=None, metavar="LANE,...",
+              help="Lanes this worker claims from: mtn, orange, webhooks, housekeeping "
+                   "[env VPAY_WORKER_QUEUES; default: all].")
+@click.option("--lane-concurrency", envvar="VPAY_WORKER_LANE_CONCURRENCY", default=None,
+              metavar="LANE=N,...",
+              help="Exact claim loops for some lanes, within --worker-concurrency; the other lanes "
+                   "share the rest [env VPAY_WORKER_LANE_CONCURRENCY; default split: "
+                   "docs/flows/reconciler.md, Lanes].")
 @log_level_option
 @click.pass_context
 def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: float,
-           lease_seconds: float, idle_sleep: float, worker_id: str | None, level: str | None) -> None:
+           lease_seconds: float, idle_sleep: float, worker_id: str | None, queues: str | None,
+           lane_concurrency: str | None, level: str | None) -> None:
     """The reconciler worker: claims jobs, polls rails, drains on SIGTERM.
+
+    Its --worker-concurrency claim loops are split among the lanes it serves
+    (--queues), each lane with loops of its own; see vpay/lanes.py.
 
     Exit codes: 0 clean drain, 1 timed-out drain (leases released), 2 usage
     error, 78 configuration refused, 69 database unreachable at boot, 70 a
@@ -52,6 +64,15 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
             or shutdown_grace_seconds < 0 or lease_seconds <= 0 or idle_sleep <= 0:
         refuse("--shutdown-grace-seconds must be >= 0, --lease-seconds and --idle-sleep > 0, "
                 "all finite numbers")
+    from .. import lanes
+    try:
+        served = lanes.parse_queues(queues)
+        overrides = lanes.parse_lane_concurrency(lane_concurrency)
+        # Checked here with no rail taken as passive: a count that fits only
+        # because a rail is unconfigured today must not break when it is set.
+        lanes.split(worker_concurrency, served, overrides)
+    except lanes.LaneError as exc:
+        refuse(str(exc))
     from ..handlers import Context
     from ..loop import Worker, WorkerConfig
     from ..settings import ConfigError, Settings
@@ -77,14 +98,15 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         # Not a drain (1) and not a refused configuration (78): systemd retries.
         log.error("database unreachable at boot", extra={"error": str(exc)[:300]})
         sys.exit(EX_UNAVAILABLE)
-    ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
+    handler_ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
     config = WorkerConfig(worker_id=wid, concurrency=worker_concurrency,
                           shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,
-                          idle_sleep=idle_sleep)
+                          idle_sleep=idle_sleep, queues=served, lane_concurrency=overrides,
+                          passive=tuple(r for r in lanes.RAIL_LANES if r not in rails))
     from ..handlers import ensure_scheduled
     with pool.connection() as conn:
         ensure_scheduled(conn)
-    drain = Worker(pool, ctx, config, signals).run()
+    drain = Worker(pool, handler_ctx, config, signals).run()
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stdout.flush()
