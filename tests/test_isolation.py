@@ -87,7 +87,9 @@ def test_two_trickling_charges_do_not_stop_a_third_and_sigterm_drains_clean(db, 
     stub.succeed(third["rail_reference"], "10.00", "EUR")
     _due(db, *slow, ago=2.0)   # first in line
     _due(db, third, ago=1.0)
-    worker = _worker(spawn, db_url, stub, "--worker-concurrency", "2",
+    # The mtn lane with two loops of its own: lanes keep other rails and
+    # webhooks away, the per-call deadline keeps the two trickles from holding both.
+    worker = _worker(spawn, db_url, stub, "--queues", "mtn", "--worker-concurrency", "2",
                      VPAY_MTN_TOTAL_TIMEOUT_SECONDS="2")
     wait_until(lambda: _status(db, third) == "succeeded", timeout=60, what="the third charge to settle")
     for c in slow:
@@ -111,7 +113,7 @@ def test_a_429_with_retry_after_pauses_every_read_to_the_rail(db, db_url, mercha
     for c in (first, *others):
         stub.succeed(c["rail_reference"], "10.00", "EUR")
     stub.throttle(first["rail_reference"], "4")
-    worker = _worker(spawn, db_url, stub, "--worker-concurrency", "3")
+    worker = _worker(spawn, db_url, stub, "--queues", "mtn", "--worker-concurrency", "3")  # 3 mtn loops
     worker.wait_for_log("worker started")
     _due(db, first)
     throttled = wait_until(lambda: [e for e in stub.requests(reference=first["rail_reference"])
@@ -149,7 +151,7 @@ def test_a_429_with_an_http_date_retry_after_pauses_the_rail(db, db_url, merchan
         stub.succeed(c["rail_reference"], "10.00", "EUR")
     stub.throttle(first["rail_reference"],
                   format_datetime(datetime.now(timezone.utc) + timedelta(seconds=120), usegmt=True))
-    worker = _worker(spawn, db_url, stub, "--worker-concurrency", "2")
+    worker = _worker(spawn, db_url, stub, "--queues", "mtn", "--worker-concurrency", "2")
     worker.wait_for_log("worker started")
     _due(db, first)
     worker.wait_for_log("rail paused", rail="mtn")
@@ -243,7 +245,8 @@ def test_a_hanging_endpoint_is_backed_off_as_a_whole_and_others_are_delivered(db
         for _ in range(5):
             settle(db, bare_payment(db, "m_a"))
             settle(db, bare_payment(db, "m_b"))
-        worker = spawn("vpay-worker", "--idle-sleep", "0.1", "--worker-concurrency", "2",
+        # The webhooks lane with two loops: both could be spent on A's timeouts.
+        worker = spawn("vpay-worker", "--idle-sleep", "0.1", "--queues", "webhooks", "--worker-concurrency", "2",
                        env=worker_env(db_url, VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS="1",
                                       VPAY_WEBHOOK_READ_TIMEOUT_SECONDS="1"))
 
