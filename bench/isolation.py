@@ -21,7 +21,10 @@ What runs (all on 127.0.0.1, real processes for vpay):
   ``--seconds``, webhooks to a receiver that answers 200 at once;
 * ``vpay-server api`` (defaults: 2 workers x 4 threads) whose MoMo rail hangs
   (accepts, never answers), with 8 threads each creating a payment through
-  it every second (8 concurrent creates at any time), and a prober reading ``GET /healthz`` 5 times a second.
+  it every second (8 concurrent creates at any time) for the first
+  ``--api-seconds``, and a prober reading ``GET /healthz`` 5 times a second
+  meanwhile. Their payments reach the worker's (healthy) MoMo stub through
+  the resubmit path.
 
 Measured: poll lateness of ``c-calm``'s polls (the database's ``locked_at``
 at the claim, which the status read follows at once, minus the job's
@@ -145,6 +148,9 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=4.0, help="c-calm payments per second")
     ap.add_argument("--burst", type=int, default=500, help="s-hanging's payments, created at once")
     ap.add_argument("--trickling", type=int, default=10, help="t-trickle's Orange charges")
+    ap.add_argument("--api-seconds", type=float, default=20.0,
+                    help="how long the 8 API creators run against the hung rail (from the start)")
+    ap.add_argument("--worker-concurrency", type=int, default=4, help="the worker's claim loops")
     args = ap.parse_args()
 
     from vpay import merchants, webhooks
@@ -168,14 +174,16 @@ def main() -> None:
 
     log_dir = HERE.parent / ".vpay-bench"
     log_dir.mkdir(exist_ok=True)
-    worker = subprocess.Popen([str(exe / "vpay-worker")], env=env,
+    worker = subprocess.Popen([str(exe / "vpay-worker"), "--worker-concurrency", str(args.worker_concurrency)],
+                              env=env,
                               stdout=open(log_dir / "isolation-worker.log", "wb"), stderr=subprocess.STDOUT)
     port = _free_port()
     api_env = {**env, "VPAY_MTN_BASE_URL": hung_rail.url}
     api = subprocess.Popen([str(exe / "vpay-server"), "api", "--bind", f"127.0.0.1:{port}"], env=api_env,
                            stdout=open(log_dir / "isolation-api.log", "wb"), stderr=subprocess.STDOUT)
     api_url = f"http://127.0.0.1:{port}"
-    stop = threading.Event()
+    stop = threading.Event()      # the end of the run
+    api_stop = threading.Event()  # the end of the API window
     health: list[float] = []
     creates: list[int] = []
     try:
@@ -193,7 +201,7 @@ def main() -> None:
         def create_forever():
             body = {"amount": 1000, "currency": "EUR",
                     "payment_method": {"type": "mtn_momo", "msisdn": "256770000099"}}
-            while not stop.is_set():
+            while not api_stop.is_set():
                 began = time.monotonic()
                 try:
                     r = requests.post(f"{api_url}/v1/payment_intents", json=body, timeout=60,
@@ -201,18 +209,19 @@ def main() -> None:
                     creates.append(r.status_code)
                 except requests.RequestException:
                     creates.append(0)
-                stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))  # at most one a second per thread
+                api_stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))  # at most one a second per thread
 
         def probe():
-            while not stop.is_set():
+            while not api_stop.is_set():
                 started = time.monotonic()
                 try:
                     requests.get(f"{api_url}/healthz", timeout=10)
                     health.append(time.monotonic() - started)
                 except requests.RequestException:
                     health.append(10.0)
-                stop.wait(0.2)
+                api_stop.wait(0.2)
 
+        threading.Timer(args.api_seconds, api_stop.set).start()
         threads = [threading.Thread(target=create_forever, daemon=True) for _ in range(8)]
         threads.append(threading.Thread(target=probe, daemon=True))
         for t in threads:
@@ -257,6 +266,7 @@ def main() -> None:
             t.join(70)
     finally:
         stop.set()
+        api_stop.set()
         for proc in (worker, api):
             proc.terminate()
         for proc in (worker, api):
@@ -279,6 +289,7 @@ def main() -> None:
         "orange_trickling_reads": orange.reads,
         "load_average_1min": {"start": round(load_start, 2), "end": round(load_end, 2)},
         "cpus": os.cpu_count(), "burst": args.burst, "rate": args.rate, "seconds": args.seconds,
+        "api_seconds": args.api_seconds, "worker_concurrency": args.worker_concurrency,
     }
     print(json.dumps(result, indent=2))
     print(f"\nc-calm poll lateness (s): p50 {result['poll_lateness_seconds']['p50']}  "
