@@ -307,6 +307,8 @@ def test_a_job_that_kills_its_worker_every_time_is_parked_with_an_alert(db, db_u
     assert kind == "job_dead_lettered"
     assert details["dedupe_key"] == "poison" and details["kind"] == "test.exit"
     assert details["attempts"] == queue.MAX_FAILURES
+    # The reaper commits, then logs: wait for the line rather than read it at once.
+    survivor.wait_for_log("lease reaped", dedupe_key="poison")
     assert [l["parked"] for l in survivor.find("lease reaped") if l["dedupe_key"] == "poison"] == [True]
     # the survivor keeps working and never claims it again
     _stop_cleanly(survivor)
