@@ -20,7 +20,7 @@ from psycopg import sql
 
 from vpay import db as vdb
 
-TABLES = ("alerts", "events", "jobs", "refunds", "charges", "payment_intents", "webhook_endpoints", "merchants")
+TABLES = ("settlement_evidence", "statement_lines", "statements", "alerts", "events", "jobs", "refunds", "charges", "payment_intents", "webhook_endpoints", "merchants")
 _RUN = uuid.uuid4().hex[:8]
 _LOCK = 7_316_240_052
 

@@ -64,8 +64,10 @@ def test_worker_settles_success_decline_and_slow_payer_once_each(db, db_url, poo
     # the slow payer was read exactly four times: three PENDING, then SUCCESSFUL
     slow_ref = created["slow"]["charge"]["rail_reference"]
     assert sandbox.count(method="GET", reference=slow_ref) == 4
-    # settled charges have no poll job left: the rail is never asked again
-    assert db.execute("SELECT count(*) FROM jobs WHERE kind = 'poll'").fetchone()[0] == 0
+    # settled charges have no poll job left: the rail is never asked again (the
+    # settle commits before the loop's fenced finish deletes the job: wait for it)
+    wait_until(lambda: db.execute("SELECT count(*) FROM jobs WHERE kind = 'poll'").fetchone()[0] == 0,
+               timeout=30, what="the settled charges' poll jobs to be finished")
     reads = {k: sandbox.count(method="GET", reference=v["charge"]["rail_reference"])
              for k, v in created.items()}
     worker.signal()

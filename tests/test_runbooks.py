@@ -40,7 +40,8 @@ COVERED = {
     ("worker-queue.md", "A rail contradicting a settled charge"):
         "test_a_contradiction_is_found_and_acknowledged",
     ("worker-queue.md", "What is kept, and for how long"): "test_the_retention_dry_run_counts_what_would_go",
-    ("unresolved-charges.md", ""): "test_an_unresolved_charge_is_found_and_its_alert_acknowledged",
+    ("unresolved-charges.md", ""):
+        "test_an_unresolved_charge_is_found_reconciled_against_the_statement_and_acknowledged",
 }
 
 
@@ -64,11 +65,12 @@ def section(name: str, heading: str) -> list[tuple[str, str]]:
     return blocks
 
 
-def run_block(lang: str, text: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """One block as an operator runs it; it must succeed."""
+def run_block(lang: str, text: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """One block as an operator runs it (in ``cwd``, where the files it names
+    are); it must succeed."""
     if lang == "sh":
         res = subprocess.run(["bash", "-euo", "pipefail", "-c", text], env=env, capture_output=True,
-                             text=True, timeout=120)
+                             text=True, timeout=120, cwd=cwd)
     else:
         res = subprocess.run(["psql", env["VPAY_DATABASE_URL"], "-X", "-v", "ON_ERROR_STOP=1",
                               "-P", "pager=off", "-f", "-"], input=text, env=env, capture_output=True,
@@ -200,27 +202,62 @@ def test_a_killed_workers_stranded_lease_is_found_and_released(db, stack, spawn)
     wait_until(lambda: status(db, charge["id"]) == "succeeded", timeout=60, what="the charge to settle")
 
 
-def test_an_unresolved_charge_is_found_and_its_alert_acknowledged(db, stack, spawn):
+def test_an_unresolved_charge_is_found_reconciled_against_the_statement_and_acknowledged(db, stack, spawn,
+                                                                                          tmp_path):
     env = operator_env(stack)
     charge = pay(db, stack, "46733123453")  # MoMo answers ONGOING for ever
-    db.execute("UPDATE charges SET created_at = created_at - interval '25 hours' WHERE id = %s", (charge["id"],))
-    start_worker(spawn, stack)
+    paid = pay(db, stack, "46733123454")    # PAYER_DELAYED for ever: until the rail settles it behind our back
+    db.execute("UPDATE charges SET created_at = created_at - interval '25 hours' WHERE id = ANY(%s)",
+               ([charge["id"], paid["id"]],))
+    worker = start_worker(spawn, stack)
     with TimeMachine(stack.db_url, kinds=("poll",)):
         # escalated (by the sweep or the poll), then read again by the poll
         wait_until(lambda: db.execute(
-            "SELECT c.status = 'unresolved' AND j.last_error LIKE 'rail:%%' FROM charges c "
-            "JOIN jobs j ON j.dedupe_key = 'poll:' || c.id WHERE c.id = %s", (charge["id"],)).fetchone()[0],
-            timeout=60, what="the escalation and a poll after it")
+            "SELECT bool_and(c.status = 'unresolved' AND j.last_error LIKE 'rail:%%') FROM charges c "
+            "JOIN jobs j ON j.dedupe_key = 'poll:' || c.id WHERE c.id = ANY(%s)",
+            ([charge["id"], paid["id"]],)).fetchone()[0],
+            timeout=60, what="the escalations and a poll after them")
+    # The time machine may have left a poll due: stop the worker, so that only
+    # the statement (not a read racing the runbook) can settle the paid charge.
+    worker.signal()
+    assert worker.wait(60) == 0
+    # The payer approved after our last read and the callback was lost; the
+    # next read is an hour away. The rail's statement already says so.
+    stack.rail.set_status(paid["rail_reference"], "SUCCESSFUL")
+    (tmp_path / "statement.csv").write_bytes(_default_statement(stack.rail))
 
-    find_alerts, find_sql, ack = section("unresolved-charges.md", "")
+    find_alerts, find_charges, dry_run, apply, ack = section("unresolved-charges.md", "")
     assert charge["id"] in run_block(*find_alerts, env).stdout
-    found = run_block(*find_sql, env).stdout
+    found = run_block(*find_charges, env).stdout
     assert charge["id"] in found and charge["rail_reference"] in found and "rail: pending" in found
+    dry = run_block(*dry_run, env, cwd=tmp_path).stdout
+    assert "would_settle" in dry and "still_pending" in dry and status(db, paid["id"]) == "unresolved"
+    run_block(*apply, env, cwd=tmp_path)
+    assert status(db, paid["id"]) == "succeeded"
+    assert db.execute("SELECT source FROM settlement_evidence WHERE charge_id = %s", (paid["id"],)).fetchall() == \
+        [("statement",)]
+    assert (tmp_path / "exceptions.csv").exists()
     run_block(*ack, env)
     assert db.execute("SELECT acknowledged_at IS NOT NULL, note FROM alerts WHERE kind = 'charge_unresolved' "
                       "AND charge_id = %s", (charge["id"],)).fetchone() == \
         (True, "owned by the on-call; reconciling against the rail statement")
-    assert status(db, charge["id"]) == "unresolved"  # the runbook forces nothing
+    assert status(db, charge["id"]) == "unresolved"  # without evidence the runbook forces nothing
+
+
+def _default_statement(rail) -> bytes:
+    """The sandbox rail's ledger as a statement in vpay's default columns."""
+    import csv
+    import io
+
+    from vpay.sandbox import statement
+    names = {"reference": "Reference ID", "rail_transaction_id": "Financial Transaction ID", "msisdn": "MSISDN",
+             "amount": "Amount", "currency": "Currency", "status": "Status", "time": "Date (UTC)",
+             "reason": "Reason"}
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf, lineterminator="\r\n")
+    writer.writerow(names)
+    writer.writerows([row[col] for col in names.values()] for row in statement.rows(rail))
+    return buf.getvalue().encode()
 
 
 def test_a_contradiction_is_found_and_acknowledged(db, stack, spawn):

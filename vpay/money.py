@@ -29,7 +29,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from . import pollable, queue
+from . import misconfiguration, pollable, queue
 from .currency import CURRENCIES
 from .ids import new_id, new_rail_reference
 from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
@@ -91,8 +91,18 @@ def emit_event(conn: psycopg.Connection, type_: str, intent: dict[str, Any],
                charge: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write one event and its ``fanout:<event_id>`` job. Call inside the
     transition's transaction so that the event and its delivery are born
-    together (webhooks: fan-out)."""
+    together (webhooks: fan-out). A ``payment_intent.payment_failed`` (the
+    charge's) or ``refund.failed`` (``extra["refund"]``'s) event also says
+    ``failure_code`` and ``failure_kind`` at the top of its data:
+    ``configuration`` for ``rail_configuration_refused``, so that no webhook
+    consumer can read our misconfiguration as a payer decline
+    (``vpay.misconfiguration.failure_kind``)."""
     data = {"object": intent_view(intent), "charge": charge_view(charge), **(extra or {})}
+    failed = {"payment_intent.payment_failed": charge,
+              "refund.failed": (extra or {}).get("refund") or {}}.get(type_)
+    if failed is not None:
+        data |= {"failure_code": failed.get("failure_code"),
+                 "failure_kind": misconfiguration.failure_kind(failed.get("failure_code"))}
     with conn.cursor(row_factory=dict_row) as cur:
         event = cur.execute(Q["insert_event"], {"id": new_id("evt"), "type": type_,
                                                 "payment_intent_id": intent["id"],
@@ -348,3 +358,52 @@ CHARGES = Pollable(
     kill_points=("before_settle_commit", "after_settle_commit"),
 )
 """Charges as a pollable operation (``poll:<charge_id>``; vpay.pollable)."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Why a charge or refund is settled without a status read (table
+    ``settlement_evidence``). ``source`` is ``statement`` (then
+    ``statement_id`` and ``line_no`` name the line) or ``operator`` (``charges
+    resolve``); ``text`` is what a reviewer reads later, never empty."""
+
+    source: str
+    text: str
+    statement_id: str | None = None
+    line_no: int | None = None
+
+
+def settle_proven(conn: psycopg.Connection, p: Pollable, item_id: str, outcome: str, evidence: Evidence, *,
+                  failure_code: str | None = None, rail_transaction_id: str | None = None) -> Settled:
+    """Settle a charge or refund (``p``: ``CHARGES``, ``refunds.REFUNDS``)
+    whose outcome something other than a status read proves (a statement
+    line, an operator's note): the shared compare-and-swap
+    (``vpay.pollable.settle``: one transition, one event, a contradiction
+    alerted there) plus one ``settlement_evidence`` row, written only when the
+    CAS moved the row, all in one transaction. ``outcome`` is ``succeeded``
+    or ``failed``. Raises ``ValueError`` for another outcome or empty
+    evidence, ``LookupError`` for an unknown id."""
+    if outcome not in ("succeeded", "failed"):
+        raise ValueError(f"outcome must be succeeded or failed, got {outcome!r}")
+    if not isinstance(evidence.text, str) or not evidence.text.strip():
+        raise ValueError("evidence is required")
+    kind = StatusKind.SUCCEEDED if outcome == "succeeded" else StatusKind.FAILED
+    with conn.transaction():
+        result = pollable.settle(conn, p, item_id, kind, failure_code=failure_code,
+                                 rail_transaction_id=rail_transaction_id)
+        if result.transitioned:
+            conn.execute(Q["insert_settlement_evidence"], {
+                "charge_id": item_id if p.noun == "charge" else None,
+                "refund_id": item_id if p.noun == "refund" else None,
+                "outcome": outcome, "source": evidence.source, "statement_id": evidence.statement_id,
+                "line_no": evidence.line_no, "evidence": evidence.text.strip()})
+    return result
+
+
+def settle_with_evidence(conn: psycopg.Connection, charge_id: str, outcome: str, evidence: Evidence, *,
+                         failure_code: str | None = None,
+                         rail_transaction_id: str | None = None) -> Settled:
+    """``settle`` on evidence instead of a status read: ``settle_proven``
+    for a charge (its intent follows; one ``payment_intent.*`` event)."""
+    return settle_proven(conn, CHARGES, charge_id, outcome, evidence, failure_code=failure_code,
+                         rail_transaction_id=rail_transaction_id)

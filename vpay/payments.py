@@ -14,6 +14,7 @@ sends the same ``X-Reference-Id`` again (issue: the whole charge lifecycle).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Any, Callable
@@ -21,7 +22,7 @@ from typing import Any, Callable
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from . import money, queue, testhooks
+from . import misconfiguration, money, queue, testhooks
 from .rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.payments")
@@ -34,17 +35,29 @@ def resubmit_delay(attempt: int) -> float:
 
 
 def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
-           description: str | None = None, *, schedule_resubmit: bool = True) -> Submit:
+           description: str | None = None, *, schedule_resubmit: bool = True,
+           resend: bool = False) -> Submit:
     """Send the request-to-pay for ``charge`` and record what the rail said:
     accepted → ``submitted_at`` (and, when the rail handed data back,
     ``money.record_submission``); rejected for good → the charge fails with the
     rail's reason (one event); no answer → ``resubmit:<charge_id>`` is
-    enqueued (unless the caller is that job). Never raises for the rail's
-    answer. A paused rail (``RailPaused``: nothing was sent) is "no answer"
-    with the resubmit due at the end of the pause; the resubmit job itself
-    lets ``RailPaused`` through to ``handlers.handle``, which defers it."""
+    enqueued (unless the caller is that job).
+
+    Refused for our configuration (``SubmitKind.MISCONFIGURED``): one
+    ``rail_misconfigured`` alert per rail and code, always. On the first send
+    (``resend`` False) no payer was asked, so the charge fails with
+    ``rail_configuration_refused`` (one ``payment_intent.payment_failed``,
+    ``failure_kind: configuration``). On a re-send (the resubmit job) an
+    earlier send's fate is unknown (it may have reached the payer), so the
+    charge stays pending and its poll carries on (docs/flows/reconciler.md,
+    "Configuration is not a decline"). Never raises for the rail's answer.
+
+    A paused rail (``RailPaused``: nothing was sent) is "no answer" with the
+    resubmit due at the end of the pause; the resubmit job itself lets
+    ``RailPaused`` through to ``handlers.handle``, which defers it."""
+    request = money.charge_request(charge, description)
     try:
-        answer = rail.request_to_pay(money.charge_request(charge, description))
+        answer = rail.request_to_pay(dataclasses.replace(request, resend=True) if resend else request)
     except RailPaused as paused:
         if not schedule_resubmit:
             raise
@@ -63,6 +76,14 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
         money.mark_submitted(conn, charge["id"])
     elif answer.kind is SubmitKind.REJECTED:
         money.settle(conn, charge["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
+    elif answer.kind is SubmitKind.MISCONFIGURED:
+        with conn.transaction():  # the alert and the failure together, or neither
+            misconfiguration.alert(conn, charge["rail"], answer.reason, operation="request_to_pay",
+                                   http_status=answer.http_status, charge_id=charge["id"],
+                                   effect="kept_pending" if resend else "failed")
+            if not resend:
+                money.settle(conn, charge["id"], StatusKind.FAILED,
+                             failure_code=misconfiguration.FAILURE_CODE)
     elif schedule_resubmit:
         queue.enqueue(conn, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]},
                       delay=resubmit_delay(1))

@@ -113,8 +113,9 @@ def test_refund_409_is_accepted(rsps, adapter):
 @pytest.mark.parametrize("http,code,kind", [
     (400, "BAD_REQUEST", SubmitKind.REJECTED),
     (400, None, SubmitKind.REJECTED),
-    (500, "NOT_ALLOWED", SubmitKind.REJECTED),
-    (500, "INVALID_CURRENCY", SubmitKind.REJECTED),
+    (500, "NOT_ALLOWED", SubmitKind.MISCONFIGURED),      # issue 12: our configuration, not a rejection
+    (500, "INVALID_CURRENCY", SubmitKind.MISCONFIGURED),
+    (403, None, SubmitKind.MISCONFIGURED),
     (500, "INTERNAL_PROCESSING_ERROR", SubmitKind.NO_ANSWER),
     (404, "RESOURCE_NOT_FOUND", SubmitKind.NO_ANSWER),
     (429, None, SubmitKind.NO_ANSWER),

@@ -24,6 +24,7 @@ import falcon
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from .. import metrics
 from ..rails.port import Rail
 from ..settings import Settings
 from . import errors
@@ -133,6 +134,8 @@ class AccessLog:
             "method": req.method, "route": req.uri_template or "(no route)",
             "status": resp.status_code,
             "ms": round((time.monotonic() - started) * 1000, 1) if started else None})
+        metrics.api_request(req.method, req.uri_template or "(no route)", resp.status_code,
+                            time.monotonic() - started if started else 0.0)
 
 
 def _on_database_error(req, resp, exc, params) -> None:

@@ -13,6 +13,7 @@ import click
 from .. import __version__, logs
 from .alerts import alerts
 from .api import api
+from .charges import charges
 from .common import VpayGroup, guarded_main, log_level, log_level_option
 from .demo import demo
 from .jobs import jobs
@@ -22,6 +23,7 @@ from .payments import payments
 from .prune import prune
 from .refunds import refunds
 from .sandbox import sandbox_rail
+from .statements import statements
 from .webhooks import webhooks
 from .worker import worker
 
@@ -39,7 +41,7 @@ def main(level: str | None) -> None:
 
 
 for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,
-                jobs, alerts, prune):
+                jobs, alerts, prune, charges, statements):
     main.add_command(command)
 
 

@@ -31,13 +31,15 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     422 payment_method_unavailable. The database is not contacted at start: /healthz answers 503 until it
     is reachable."""
     from .. import logs
+    logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
+    from ..api.exposition import prepare
+    prepare()  # before anything imports prometheus_client: GET /metrics sums every worker
     from ..rails import KNOWN_RAILS, build_rail
     from ..rails.port import RailError
     from ..settings import ConfigError, Settings
     from ..api.app import POOL_MAX, create_app
     from ..api.server import ApiServer
 
-    logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
     if not 1 <= threads <= POOL_MAX or workers < 1 or timeout < 1:
         refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers and --timeout >= 1")
     try:
@@ -72,4 +74,5 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
 
     ApiServer(app_factory, {"bind": [bind], "workers": workers, "threads": threads,
                             "timeout": timeout,
-                            "loglevel": logging.getLevelName(logging.getLogger().level).lower()}).run()
+                            "loglevel": logging.getLevelName(logging.getLogger().level).lower()},
+              metrics=True).run()

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 from psycopg.rows import dict_row
 
-from .. import webhooks
+from .. import metrics, webhooks
 from ..outcome import DeadLetter, Done, RetryAfter
 from ..queries import Q
 from ..webhooks import backoff
@@ -102,6 +102,7 @@ def deliver(job, ctx):
     fields |= {"status_code": attempt.status_code, "seconds": round(attempt.elapsed, 3),
                "result": attempt.summary, "address": attempt.address}
     if attempt.permanent:  # the policy refuses this URL for good: hold the endpoint, not the job
+        metrics.webhook_attempt("held")
         with ctx.pool.connection() as conn:
             first = webhooks.hold_endpoint(conn, endpoint_id, attempt.summary)
         _record(ctx, event_id, endpoint_id, "held", job.attempts, None, attempt.summary)
@@ -109,6 +110,7 @@ def deliver(job, ctx):
                 extra=fields | {"first": first})
         return Done(f"held: {attempt.summary}")
     decision = webhooks.decide(attempt, job.attempts)
+    metrics.webhook_attempt(decision.action)
 
     if decision.action == "delivered":
         _record(ctx, event_id, endpoint_id, "delivered", job.attempts, attempt.status_code, None)

@@ -38,6 +38,19 @@ Shape of the adapter:
 * Credentials and the access token live only in private attributes and in
   request headers; they are never logged and never put in an exception or a
   ``detail`` text.
+* Unreadable is not unreported: a status field that is present but not of
+  MoMo's documented shape is listed in ``RailStatus.unreadable`` and never
+  read as agreement (``_status_from_body`` has the rule per field).
+* Configuration is not a decline: an answer that blames our credentials,
+  callback host, target environment, currency setup or subscription
+  (``CONFIGURATION_CODES``, a token-endpoint 401, any 403) is MISCONFIGURED,
+  never REJECTED or FAILED; a FAILED status whose reason blames it carries
+  ``configuration=True``. The adapter only classifies; what the payment does
+  then is the caller's (docs/flows/reconciler.md, "Configuration is not a
+  decline"). A 401 on an API call with a cached token is NO_ANSWER (the token
+  is dropped and the next call fetches a fresh one); only a 401 on a token
+  fetched for that very call (``fresh_token=True``, the refresh-and-retry)
+  or on the token endpoint itself is MISCONFIGURED.
 """
 
 from __future__ import annotations
@@ -83,6 +96,7 @@ from vpay.rails.port import (
 )
 
 from ..currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
+from ..metrics import rail_call
 
 log = logging.getLogger("vpay.rails.mtn")
 
@@ -92,15 +106,38 @@ log = logging.getLogger("vpay.rails.mtn")
 
 # --- Rail vocabulary -------------------------------------------------------
 
-# Request-to-pay error codes that mean "refused for good": resending the same
-# request cannot succeed. Any other error is NO_ANSWER (we do not know).
+# Request-to-pay error codes that mean "refused for good" because of the
+# payment itself: resending the same request cannot succeed. Any other error is
+# NO_ANSWER (we do not know), or MISCONFIGURED (below).
 REJECTING_CODES = frozenset({
+    "PAYEE_NOT_ALLOWED_TO_RECEIVE",
+    "PAYER_NOT_FOUND",
+})
+
+# Error codes that blame OUR configuration, never the payer (design/rails.md,
+# "Rail errors that mean *our* configuration is wrong"; MoMo's common-errors
+# table, momodeveloper.mtn.com "Common Error Codes"): the callback host is not
+# the one registered for the API user, the X-Target-Environment is wrong, the
+# account does not take the currency, the subscription lacks the product. On
+# any call (token, create, status) they are MISCONFIGURED; so are a 401 from
+# the token endpoint (fresh credentials refused: API user, API key or
+# subscription key wrong) and any 403.
+CONFIGURATION_CODES = frozenset({
+    "INVALID_CALLBACK_URL_HOST",
+    "NOT_ALLOWED_TARGET_ENVIRONMENT",
     "INVALID_CURRENCY",
     "NOT_ALLOWED",
-    "PAYEE_NOT_ALLOWED_TO_RECEIVE",
-    "NOT_ALLOWED_TARGET_ENVIRONMENT",
+})
+
+# FAILED reasons of a status read that blame our configuration (the sandbox
+# payers 46733123458/459/460): the transaction ended, and no payer was asked
+# for money, so the charge may end, but as ``configuration`` and never as a
+# payer decline. FAILED/NOT_ALLOWED (payer 457) stays a decline: as a reason
+# on a transaction MoMo uses it for the payer's account.
+CONFIGURATION_FAILURE_REASONS = frozenset({
     "INVALID_CALLBACK_URL_HOST",
-    "PAYER_NOT_FOUND",
+    "NOT_ALLOWED_TARGET_ENVIRONMENT",
+    "INVALID_CURRENCY",
 })
 
 # FAILED reasons that are not final in spirit (design/rails.md): the payer may
@@ -109,7 +146,8 @@ NOT_FINAL_FAILURE_REASONS = frozenset({"ONGOING", "PAYER_DELAYED"})
 
 MESSAGE_MAX_CHARS = 160         # payerMessage / payeeNote limit (MoMo)
 _HINT_MAX_CHARS = 128           # identifiers copied from a callback body, for logs
-_CODE_MAX_CHARS = 64            # error/reason codes copied from a rail body
+_CODE_MAX_CHARS = 64            # error/reason codes copied from a rail body; a longer one is unreadable
+_ID_MAX_CHARS = 128             # a longer financialTransactionId is unreadable, never truncated
 
 # Transport retries inside one call: attempts, waits between them (seconds),
 # and a budget after which no new attempt starts (seconds).
@@ -158,13 +196,24 @@ DISBURSEMENT = "disbursement"
 class _NoAnswer(Exception):
     """Internal: the exchange gave nothing we can act on. Carries only short,
     credential-free texts; turned into a NO_ANSWER value before leaving the
-    adapter."""
+    adapter, or MISCONFIGURED when ``misconfigured`` (the token endpoint
+    refused our credentials)."""
 
-    def __init__(self, reason: str, detail: str, http_status: int | None = None):
+    def __init__(self, reason: str, detail: str, http_status: int | None = None,
+                 misconfigured: bool = False):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
         self.http_status = http_status
+        self.misconfigured = misconfigured
+
+    def submit(self) -> Submit:
+        kind = SubmitKind.MISCONFIGURED if self.misconfigured else SubmitKind.NO_ANSWER
+        return Submit(kind, reason=self.reason, http_status=self.http_status)
+
+    def status(self) -> RailStatus:
+        kind = StatusKind.MISCONFIGURED if self.misconfigured else StatusKind.NO_ANSWER
+        return RailStatus(kind, reason=self.reason, http_status=self.http_status, detail=self.detail)
 
 
 class _Product:
@@ -334,6 +383,7 @@ class MtnMomo:
 
     # --- Rail: request-to-pay ----------------------------------------------
 
+    @rail_call("request_to_pay")
     def request_to_pay(self, charge: ChargeRequest) -> Submit:
         """Ask the payer to pay: ``POST {base}/collection/v1_0/requesttopay``.
 
@@ -344,12 +394,15 @@ class MtnMomo:
         Mapping (MoMo Collection API, RequesttoPay; design/rails.md):
 
         * 202 → ACCEPTED; 409 → ACCEPTED (reason ``RESOURCE_ALREADY_EXIST``).
+        * a body code in ``CONFIGURATION_CODES`` (any HTTP status), any 403,
+          or the token endpoint refusing our credentials (401) →
+          MISCONFIGURED with the rail's code (``HTTP_403`` etc. when none).
         * 400 or 500 whose body code is in ``REJECTING_CODES`` → REJECTED with
           that code; any other 400 → REJECTED with its code (or
           ``BAD_REQUEST``): MoMo refused the request itself, resending it
           unchanged cannot help.
-        * 401 (token dropped), other 5xx, other statuses, timeouts, connection
-          errors → NO_ANSWER with a short reason.
+        * 401 with a cached token (token dropped), other 5xx, other statuses,
+          timeouts, connection errors → NO_ANSWER with a short reason.
 
         Never raises for the rail's answers. Raises ``TypeError`` /
         ``ValueError`` only for an invalid ``charge.amount`` (our bug, found
@@ -365,7 +418,7 @@ class MtnMomo:
             )
         except _NoAnswer as no:
             self._log_no_answer("request_to_pay", "charge", charge.charge_id, charge.rail_reference, no)
-            return Submit(SubmitKind.NO_ANSWER, reason=no.reason, http_status=no.http_status)
+            return no.submit()
 
         submit = self._submit_from_response(response, product, token)
         log.info(
@@ -395,9 +448,11 @@ class MtnMomo:
         return headers
 
     def _submit_from_response(self, response: requests.Response, product: _Product,
-                              token: str) -> Submit:
+                              token: str, *, fresh_token: bool = False) -> Submit:
         """The port's ``Submit`` for a create call of either product
-        (request-to-pay, refund): see ``request_to_pay`` for the mapping."""
+        (request-to-pay, refund): see ``request_to_pay`` for the mapping.
+        ``fresh_token``: the token was fetched for this very call (the retry
+        after a 401), so a 401 now refuses our credentials, not a stale token."""
         http = response.status_code
         code = _error_code(response)
         if http == 202:
@@ -405,6 +460,9 @@ class MtnMomo:
         if http == 409:
             # Our reference already exists at MoMo: an earlier send got there.
             return Submit(SubmitKind.ACCEPTED, reason=code or "RESOURCE_ALREADY_EXIST", http_status=http)
+        if _blames_configuration(http, code, fresh_token):
+            self._log_misconfigured(product, http, code)
+            return Submit(SubmitKind.MISCONFIGURED, reason=code or f"HTTP_{http}", http_status=http)
         if http in (400, 500) and code in REJECTING_CODES:
             return Submit(SubmitKind.REJECTED, reason=code, http_status=http)
         if http == 400:
@@ -414,8 +472,14 @@ class MtnMomo:
             return Submit(SubmitKind.NO_ANSWER, reason=code or "UNAUTHORIZED", http_status=http)
         return Submit(SubmitKind.NO_ANSWER, reason=code or f"HTTP_{http}", http_status=http)
 
+    def _log_misconfigured(self, product: _Product, http: int, code: str | None) -> None:
+        log.error("mtn %s refused our configuration (HTTP %s, code %s): an operator must fix the "
+                  "VPAY_MTN_* settings or the MoMo account; never a payer decline",
+                  product.name, http, code)
+
     # --- Rail: status ------------------------------------------------------
 
+    @rail_call("status")
     def status(self, charge: ChargeRequest) -> RailStatus:
         """The authenticated status query:
         ``GET {base}/collection/v1_0/requesttopay/{rail_reference}``.
@@ -424,37 +488,42 @@ class MtnMomo:
         design/rails.md):
 
         * 200 ``PENDING`` → PENDING; ``SUCCESSFUL`` → SUCCEEDED with
-          ``financialTransactionId``; ``FAILED`` → FAILED with ``reason``,
+          ``financialTransactionId``, ``amount`` (minor units) and
+          ``currency``; ``FAILED`` → FAILED with ``reason``,
           except reasons ``ONGOING`` and ``PAYER_DELAYED`` → PENDING (not final
           in spirit). ``reason`` may be ``"CODE"`` or ``{"code", "message"}``;
-          both become the code string.
+          both become the code string. Fields present but unreadable are
+          listed in ``unreadable`` (rules: ``_status_from_body``).
         * 404 → NOT_FOUND.
-        * 401 (token dropped), 5xx, other statuses, timeouts, connection
-          errors, a non-JSON 200 or one without a known ``status`` →
-          NO_ANSWER with a short credential-free ``detail``.
+        * a code in ``CONFIGURATION_CODES``, any 403, or the token endpoint
+          refusing our credentials → MISCONFIGURED: the read was refused,
+          which says nothing about the payment.
+        * 401 with a cached token (token dropped), 5xx, other statuses,
+          timeouts, connection errors, a non-JSON 200 or one without a known
+          ``status`` → NO_ANSWER with a short credential-free ``detail``.
 
         Never raises for the rail's answers.
         """
         return self._read_status(self._collection, "collection/v1_0/requesttopay", "status", "charge",
-                                 charge.charge_id, charge.rail_reference)
+                                 charge.charge_id, charge.rail_reference, charge.currency)
 
     def _read_status(self, product: _Product, resource: str, op: str, noun: str, our_id: str,
-                     reference: str) -> RailStatus:
+                     reference: str, currency: str) -> RailStatus:
         """``GET {base}/{resource}/{reference}`` with ``product``'s token, mapped
         to the port's ``RailStatus``: the one status read of both products
         (collection: ``status``; disbursement: ``refund_status``), so a charge
         and a refund can never be read by different rules. ``op``, ``noun``
-        and ``our_id`` name the call in the log line. Never raises for the
-        rail's answers."""
+        and ``our_id`` name the call in the log line; ``currency`` is the one
+        we asked for (its exponent reads an amount reported without a
+        currency). Never raises for the rail's answers."""
         url = f"{self.base_url}/{resource}/{quote(reference, safe='')}"
         try:
             response, token = self._call(product, "GET", url)
         except _NoAnswer as no:
             self._log_no_answer(op, noun, our_id, reference, no)
-            return RailStatus(StatusKind.NO_ANSWER, reason=no.reason,
-                              http_status=no.http_status, detail=no.detail)
+            return no.status()
 
-        result = self._status_from_response(response, product, token)
+        result = self._status_from_response(response, product, token, currency)
         log.info(
             "mtn %s %s=%s reference=%s -> %s (http %s, reason %s)",
             op, noun, our_id, reference, result.kind.value, result.http_status, result.reason,
@@ -462,13 +531,20 @@ class MtnMomo:
         return result
 
     def _status_from_response(self, response: requests.Response, product: _Product,
-                              token: str) -> RailStatus:
+                              token: str, currency: str, *, fresh_token: bool = False) -> RailStatus:
         """The port's ``RailStatus`` for a status read of either product
-        (request-to-pay, refund): see ``status`` for the mapping."""
+        (request-to-pay, refund): see ``status`` for the mapping.
+        ``currency`` is the one we asked for (its exponent reads an amount
+        the body reports without a currency); ``fresh_token`` as for
+        ``_submit_from_response``."""
         http = response.status_code
         if http == 200:
-            return _status_from_body(response.content)
+            return _status_from_body(response.content, currency)
         code = _error_code(response)
+        if _blames_configuration(http, code, fresh_token):
+            self._log_misconfigured(product, http, code)
+            return RailStatus(StatusKind.MISCONFIGURED, reason=code or f"HTTP_{http}", http_status=http,
+                              detail=f"HTTP {http}: the rail refused our configuration")
         if http == 404:
             return RailStatus(StatusKind.NOT_FOUND, reason=code or "RESOURCE_NOT_FOUND", http_status=http)
         if http == 401:
@@ -480,6 +556,7 @@ class MtnMomo:
 
     # --- Rail: refunds (Disbursement product) -----------------------------
 
+    @rail_call("refund")
     def refund(self, refund: RefundRequest) -> Submit:
         """Give back a collected payment: ``POST {base}/disbursement/v1_0/refund``.
 
@@ -515,7 +592,7 @@ class MtnMomo:
                 json_body=body)
         except _NoAnswer as no:
             self._log_no_answer("refund", "refund", refund.refund_id, refund.rail_reference, no)
-            return Submit(SubmitKind.NO_ANSWER, reason=no.reason, http_status=no.http_status)
+            return no.submit()
 
         submit = self._submit_from_response(response, product, token)
         log.info(
@@ -525,6 +602,7 @@ class MtnMomo:
         )
         return submit
 
+    @rail_call("refund_status")
     def refund_status(self, refund: RefundRequest) -> RailStatus:
         """The authenticated refund status query:
         ``GET {base}/disbursement/v1_0/refund/{rail_reference}``.
@@ -535,7 +613,7 @@ class MtnMomo:
         unreadable bodies → NO_ANSWER, never a decline. Never raises.
         """
         return self._read_status(self._disbursement, "disbursement/v1_0/refund", "refund_status",
-                                 "refund", refund.refund_id, refund.rail_reference)
+                                 "refund", refund.refund_id, refund.rail_reference, refund.currency)
 
     # --- Rail: callback ----------------------------------------------------
 
@@ -609,12 +687,16 @@ class MtnMomo:
             deadline=deadline,
         )
         if response.status_code != 200:
-            if response.status_code == 401:
-                log.warning("mtn %s token endpoint refused our credentials (HTTP 401)", product.name)
+            code = _error_code(response)
+            # Fresh credentials refused: no retry or new token can help.
+            refused = response.status_code in (401, 403) or code in CONFIGURATION_CODES
+            if refused:
+                self._log_misconfigured(product, response.status_code, code)
             raise _NoAnswer(
-                reason=_error_code(response) or f"TOKEN_HTTP_{response.status_code}",
+                reason=code or f"TOKEN_HTTP_{response.status_code}",
                 detail=f"token endpoint answered HTTP {response.status_code}",
                 http_status=response.status_code,
+                misconfigured=refused,
             )
         payload = _json_object(response.content)
         token = payload.get("access_token") if payload else None
@@ -766,36 +848,111 @@ def callback_url_with_reference(callback_url: str, reference: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(params)))
 
 
-def _status_from_body(content: bytes) -> RailStatus:
-    """Map a 200 status body to a ``RailStatus`` (see ``MtnMomo.status``)."""
+def _blames_configuration(http: int, code: str | None, fresh_token: bool) -> bool:
+    """Whether an error answer (not 2xx, not 404/409) refuses OUR
+    configuration: a code in ``CONFIGURATION_CODES`` (MoMo sends them with
+    400, 403 or 500), any 403, or a 401 on a token fetched for this very call."""
+    return code in CONFIGURATION_CODES or http == 403 or (http == 401 and fresh_token)
+
+
+_PRINTABLE_ID = re.compile(r"[\x21-\x7e]+")   # visible ASCII, no spaces
+_PRINTABLE_CODE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")   # inner spaces allowed
+_CURRENCY_CODE = re.compile(r"[A-Za-z]{3}")
+
+
+def _status_from_body(content: bytes, currency: str) -> RailStatus:
+    """Map a 200 status body (collection or refund) to a ``RailStatus``.
+
+    ``status`` must be one of ``PENDING | SUCCESSFUL | FAILED`` (anything
+    else, or no JSON object: NO_ANSWER, never a decline). Unreadable is not
+    unreported: on a terminal status, each field below that is PRESENT but not
+    of MoMo's documented shape is listed in ``RailStatus.unreadable`` (the
+    poll then settles nothing and raises one ``rail_contradiction`` alert); a
+    field that is absent is simply not reported. ``null`` is present.
+
+    * ``amount`` (SUCCESSFUL and FAILED): a string of the major-unit decimal
+      (MoMo: ``"amount": "15.00"``); read with ``currency.major_string_to_minor``
+      by the reported currency's ISO 4217 exponent (the asked ``currency``
+      when the body reports none). Unreadable: a JSON number (MoMo sends a
+      string, so a number is not its shape), ``null``, ``""``, ``"fifteen"``,
+      ``"1e3"``, ``"-15"``, ``"1,500"``, ``" 15"``, and more decimals than
+      the exponent unless they are zeros (``"15.001"`` EUR).
+    * ``currency`` (SUCCESSFUL and FAILED): three ASCII letters (ISO 4217),
+      upper-cased; anything else is unreadable.
+    * ``reason`` (FAILED): ``"CODE"`` or ``{"code": "CODE", ...}`` where
+      CODE is 1-64 printable ASCII characters; anything else (a number,
+      ``null``, ``""``, a longer text, an object without a string ``code``) is
+      unreadable. A FAILED without a ``reason`` key is a decline with no
+      reason. ONGOING / PAYER_DELAYED are PENDING (not final in spirit).
+    * ``financialTransactionId`` (SUCCESSFUL): a string of 1-128 visible
+      ASCII characters; never truncated.
+
+    A FAILED whose reason is in ``CONFIGURATION_FAILURE_REASONS`` carries
+    ``configuration=True``.
+    """
     body = _json_object(content)
     if body is None:
         return RailStatus(StatusKind.NO_ANSWER, http_status=200, detail="status body is not a JSON object")
     status = body.get("status")
-    reason = _reason_code(body.get("reason"))
     if status == "PENDING":
-        return RailStatus(StatusKind.PENDING, reason=reason, http_status=200)
-    if status == "SUCCESSFUL":
-        currency = body.get("currency") if isinstance(body.get("currency"), str) else None
-        amount = major_string_to_minor(body.get("amount"), currency) if currency else None
-        return RailStatus(StatusKind.SUCCEEDED, http_status=200,
-                          financial_transaction_id=_short_id(body.get("financialTransactionId")),
-                          amount=amount, currency=currency.upper() if currency else None)
-    if status == "FAILED":
-        if reason in NOT_FINAL_FAILURE_REASONS:
+        return RailStatus(StatusKind.PENDING, reason=_reason_code(body.get("reason")), http_status=200)
+    if status not in ("SUCCESSFUL", "FAILED"):
+        shown = status[:_CODE_MAX_CHARS] if isinstance(status, str) else type(status).__name__
+        return RailStatus(StatusKind.NO_ANSWER, http_status=200,
+                          detail=f"status body has no known status ({shown})")
+    unreadable: list[str] = []
+    reason = None
+    if status == "FAILED" and "reason" in body:
+        reason = _reason_code(body["reason"])
+        if reason is None:
+            unreadable.append("reason")
+        elif reason in NOT_FINAL_FAILURE_REASONS:
             return RailStatus(StatusKind.PENDING, reason=reason, http_status=200,
                               detail=f"FAILED/{reason} is not final; keep polling")
-        return RailStatus(StatusKind.FAILED, reason=reason, http_status=200)
-    shown = status[:_CODE_MAX_CHARS] if isinstance(status, str) else type(status).__name__
-    return RailStatus(StatusKind.NO_ANSWER, http_status=200, detail=f"status body has no known status ({shown})")
+    reported_currency = None
+    if "currency" in body:
+        raw = body["currency"]
+        if isinstance(raw, str) and _CURRENCY_CODE.fullmatch(raw):
+            reported_currency = raw.upper()
+        else:
+            unreadable.append("currency")
+    amount = None
+    if "amount" in body:
+        amount = major_string_to_minor(body["amount"], reported_currency or currency)
+        if amount is None:
+            unreadable.append("amount")
+    transaction_id = None
+    if status == "SUCCESSFUL" and "financialTransactionId" in body:
+        transaction_id = _visible_id(body["financialTransactionId"])
+        if transaction_id is None:
+            unreadable.append("financial_transaction_id")
+    detail = f"unreadable: {', '.join(unreadable)}" if unreadable else None
+    if status == "SUCCESSFUL":
+        return RailStatus(StatusKind.SUCCEEDED, http_status=200, financial_transaction_id=transaction_id,
+                          amount=amount, currency=reported_currency, unreadable=tuple(unreadable),
+                          detail=detail)
+    return RailStatus(StatusKind.FAILED, reason=reason, http_status=200, amount=amount,
+                      currency=reported_currency, unreadable=tuple(unreadable), detail=detail,
+                      configuration=reason in CONFIGURATION_FAILURE_REASONS)
 
 
 def _reason_code(reason: Any) -> str | None:
-    """MoMo's ``reason`` as a code string: ``"CODE"`` or ``{"code": "CODE", ...}``."""
+    """MoMo's ``reason`` as a code string: ``"CODE"`` or ``{"code": "CODE", ...}``;
+    ``None`` when it is neither, or CODE is empty, longer than 64 characters
+    or not visible ASCII (an error body's ``code`` is read the same way)."""
     if isinstance(reason, dict):
         reason = reason.get("code")
-    if isinstance(reason, str) and reason.strip():
-        return reason.strip()[:_CODE_MAX_CHARS]
+    if isinstance(reason, str) and len(reason.strip()) <= _CODE_MAX_CHARS \
+            and _PRINTABLE_CODE.fullmatch(reason.strip()):
+        return reason.strip()
+    return None
+
+
+def _visible_id(value: Any) -> str | None:
+    """A rail transaction id: a string of 1-128 visible ASCII characters
+    (surrounding spaces dropped), else ``None``."""
+    if isinstance(value, str) and len(value.strip()) <= _ID_MAX_CHARS and _PRINTABLE_ID.fullmatch(value.strip()):
+        return value.strip()
     return None
 
 

@@ -46,6 +46,19 @@ that the two adapters can change independently):
   raise ``RailPaused`` without sending anything until it opens.
 * Credentials, the access token, ``pay_token`` and ``notif_token`` are never
   logged and never put in an exception or a ``detail`` text.
+* Unreadable is not unreported: a status field present but not of Orange's
+  documented shape is listed in ``RailStatus.unreadable`` and never read as
+  agreement (``_status_from_body`` has the rule per field).
+* Configuration is not a decline (design/rails.md, "Rail errors that mean
+  *our* configuration is wrong"): the token endpoint refusing our client
+  credentials (401/403) and a 403 to the init (Orange's answer to a
+  merchant_key it does not know) are MISCONFIGURED, never REJECTED; any 403
+  to a status read too. Orange documents no error code that tells an unknown
+  merchant_key from a reused order_id (both 403, afro.tools): on a FIRST send
+  the order_id is fresh, so a 403 can only be the merchant key
+  (MISCONFIGURED); on a re-send (``ChargeRequest.resend``) it stays NO_ANSWER.
+  What a payment does then is docs/flows/reconciler.md, "Configuration is
+  not a decline".
 """
 
 from __future__ import annotations
@@ -76,6 +89,7 @@ from tenacity.stop import stop_base
 from ..currency import exponent
 from ..http_deadline import Deadline, new_session, parse_retry_after
 from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
+from ..metrics import rail_call
 from .port import (
     CallbackIds,
     ChargeRequest,
@@ -172,13 +186,24 @@ def notif_url_with_reference(notif_url: str, reference: str) -> str:
 
 class _NoAnswer(Exception):
     """Internal: the exchange gave nothing we can act on. Carries only short,
-    credential-free texts."""
+    credential-free texts. ``misconfigured``: the token endpoint refused our
+    client credentials (MISCONFIGURED, not NO_ANSWER)."""
 
-    def __init__(self, reason: str, detail: str, http_status: int | None = None):
+    def __init__(self, reason: str, detail: str, http_status: int | None = None,
+                 misconfigured: bool = False):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
         self.http_status = http_status
+        self.misconfigured = misconfigured
+
+    def submit(self) -> Submit:
+        kind = SubmitKind.MISCONFIGURED if self.misconfigured else SubmitKind.NO_ANSWER
+        return Submit(kind, reason=self.reason, http_status=self.http_status)
+
+    def status(self) -> RailStatus:
+        kind = StatusKind.MISCONFIGURED if self.misconfigured else StatusKind.NO_ANSWER
+        return RailStatus(kind, reason=self.reason, http_status=self.http_status, detail=self.detail)
 
 
 class OrangeMoney:
@@ -319,6 +344,7 @@ class OrangeMoney:
 
     # --- Rail: request-to-pay ----------------------------------------------
 
+    @rail_call("request_to_pay")
     def request_to_pay(self, charge: ChargeRequest) -> Submit:
         """Initialise a web payment:
         ``POST {base}/orange-money-webpay/{country}/v1/webpayment``.
@@ -339,13 +365,16 @@ class OrangeMoney:
           ``notif_token`` (``vpay.payments.submit``).
         * 400 → REJECTED (``BAD_REQUEST`` or Orange's code): the request as
           such was refused, sending it again cannot help.
-        * 403 → NO_ANSWER ``FORBIDDEN``: Orange answers 403 to a reused
-          ``order_id``, i.e. when an earlier send of this very charge got
-          there and its answer was lost; that is not a decline. (A 403 for a
-          bad merchant key is logged at warning, and the charge ends
-          ``not_submitted`` at the prompt TTL.)
-        * 401 (token dropped), 5xx, other statuses, timeouts, connection
-          errors, a 201 without the three fields → NO_ANSWER.
+        * 403 ``FORBIDDEN``: Orange answers 403 to a merchant_key it does
+          not know, and also to a reused ``order_id`` (an earlier send of
+          this very charge got there and its answer was lost). On a first
+          send (``charge.resend`` False) the order id is fresh, so it is the
+          merchant key: MISCONFIGURED. On a re-send it is NO_ANSWER. Never a
+          decline.
+        * the token endpoint refusing our client credentials (401/403) →
+          MISCONFIGURED.
+        * 401 on the init (token dropped), 5xx, other statuses, timeouts,
+          connection errors, a 201 without the three fields → NO_ANSWER.
 
         Safe to repeat: the same charge always sends the same ``order_id``, so
         Orange never holds two payments for it. Never raises for Orange's
@@ -372,15 +401,15 @@ class OrangeMoney:
                                          retry_sent=False)
         except _NoAnswer as no:
             self._log_no_answer("request_to_pay", charge, no)
-            return Submit(SubmitKind.NO_ANSWER, reason=no.reason, http_status=no.http_status)
+            return no.submit()
 
-        submit = self._submit_from_response(response, token)
+        submit = self._submit_from_response(response, token, charge.resend)
         log.info("orange request_to_pay charge=%s reference=%s order=%s -> %s (http %s, reason %s)",
                  charge.charge_id, charge.rail_reference, body["order_id"], submit.kind.value,
                  submit.http_status, submit.reason)
         return submit
 
-    def _submit_from_response(self, response: requests.Response, token: str) -> Submit:
+    def _submit_from_response(self, response: requests.Response, token: str, resend: bool) -> Submit:
         http = response.status_code
         if http in (200, 201):
             payload = _json_object(response.content) or {}
@@ -397,14 +426,19 @@ class OrangeMoney:
         if http == 401:
             self._drop_token(token)
             return Submit(SubmitKind.NO_ANSWER, reason="UNAUTHORIZED", http_status=http)
-        if http == 403:
-            log.warning("orange webpayment answered 403: the order id was used before (an earlier "
-                        "send got there), or the merchant key is not allowed; not a decline")
+        if http == 403 and resend:
+            log.warning("orange webpayment answered 403 to a re-send: the order id was used by an "
+                        "earlier send that got there (or the merchant key is refused); not a decline")
             return Submit(SubmitKind.NO_ANSWER, reason="FORBIDDEN", http_status=http)
+        if http == 403:
+            log.error("orange webpayment answered 403 to a first send: the merchant key is refused "
+                      "(VPAY_ORANGE_MERCHANT_KEY); not a decline")
+            return Submit(SubmitKind.MISCONFIGURED, reason="FORBIDDEN", http_status=http)
         return Submit(SubmitKind.NO_ANSWER, reason=code or f"HTTP_{http}", http_status=http)
 
     # --- Rail: status ------------------------------------------------------
 
+    @rail_call("status")
     def status(self, charge: ChargeRequest) -> RailStatus:
         """The authenticated status query:
         ``POST {base}/orange-money-webpay/{country}/v1/transactionstatus``
@@ -422,9 +456,14 @@ class OrangeMoney:
           for this charge (the poll then re-sends the init, see
           ``vpay.handlers.poll``).
         * 404 → NOT_FOUND.
+        * 403, or the token endpoint refusing our client credentials →
+          MISCONFIGURED: the read was refused, which says nothing about the
+          payment.
         * 401 (token dropped), 400, 5xx, other statuses, timeouts, an
           unreadable body, an unknown status, or an ``order_id`` in the answer
           that is not ours → NO_ANSWER, never a decline.
+        * Fields present but unreadable on a terminal status are listed in
+          ``unreadable`` (rules: ``_status_from_body``).
 
         Never raises for Orange's answers.
         """
@@ -441,20 +480,23 @@ class OrangeMoney:
             response, token = self._call("POST", f"{self._webpay}/transactionstatus", json_body=body)
         except _NoAnswer as no:
             self._log_no_answer("status", charge, no)
-            return RailStatus(StatusKind.NO_ANSWER, reason=no.reason,
-                              http_status=no.http_status, detail=no.detail)
+            return no.status()
 
-        result = self._status_from_response(response, token, order_id)
+        result = self._status_from_response(response, token, order_id, charge.currency)
         log.info("orange status charge=%s reference=%s -> %s (http %s, reason %s)",
                  charge.charge_id, charge.rail_reference, result.kind.value,
                  result.http_status, result.reason)
         return result
 
     def _status_from_response(self, response: requests.Response, token: str,
-                              order_id: str) -> RailStatus:
+                              order_id: str, currency: str) -> RailStatus:
         http = response.status_code
         if http in (200, 201):
-            return _status_from_body(response.content, http, order_id)
+            return _status_from_body(response.content, http, order_id, currency)
+        if http == 403:
+            log.error("orange transactionstatus answered 403: our configuration was refused")
+            return RailStatus(StatusKind.MISCONFIGURED, reason=_error_code(response) or "FORBIDDEN",
+                              http_status=http, detail="HTTP 403: the rail refused our configuration")
         if http == 404:
             return RailStatus(StatusKind.NOT_FOUND, reason=_error_code(response) or "NOT_FOUND",
                               http_status=http)
@@ -467,6 +509,7 @@ class OrangeMoney:
 
     # --- Rail: refunds (not offered) --------------------------------------
 
+    @rail_call("refund")
     def refund(self, refund: RefundRequest) -> Submit:
         """Orange Money Web Payment offers no refund call to this adapter:
         always REJECTED ``REFUND_NOT_SUPPORTED``, nothing sent, so the refund
@@ -474,6 +517,7 @@ class OrangeMoney:
         log.info("orange refund refund=%s -> rejected: not supported by this rail", refund.refund_id)
         return Submit(SubmitKind.REJECTED, reason="REFUND_NOT_SUPPORTED")
 
+    @rail_call("refund_status")
     def refund_status(self, refund: RefundRequest) -> RailStatus:
         """No refund is ever sent to Orange: NOT_FOUND, nothing asked."""
         return RailStatus(StatusKind.NOT_FOUND, reason="REFUND_NOT_SUPPORTED")
@@ -533,11 +577,13 @@ class OrangeMoney:
             form_body={"grant_type": "client_credentials"}, deadline=deadline,
         )
         if response.status_code != 200:
-            if response.status_code == 401:
-                log.warning("orange token endpoint refused our client credentials (HTTP 401)")
+            refused = response.status_code in (401, 403)   # fresh client credentials refused
+            if refused:
+                log.error("orange token endpoint refused our client credentials (HTTP %s): an "
+                          "operator must fix VPAY_ORANGE_CLIENT_ID / _SECRET", response.status_code)
             raise _NoAnswer(reason=f"TOKEN_HTTP_{response.status_code}",
                             detail=f"token endpoint answered HTTP {response.status_code}",
-                            http_status=response.status_code)
+                            http_status=response.status_code, misconfigured=refused)
         payload = _json_object(response.content)
         token = payload.get("access_token") if payload else None
         if not isinstance(token, str) or not token:
@@ -663,8 +709,33 @@ def _whole_amount(amount: int) -> int:
     return amount
 
 
-def _status_from_body(content: bytes, http: int, order_id: str) -> RailStatus:
-    """Map a 200/201 status body to a ``RailStatus`` (see ``OrangeMoney.status``)."""
+_CURRENCY_CODE = re.compile(r"[A-Za-z]{3}")
+_VISIBLE_ID = re.compile(r"[\x21-\x7e]+")
+
+
+def _status_from_body(content: bytes, http: int, order_id: str, currency: str) -> RailStatus:
+    """Map a 200/201 status body to a ``RailStatus`` (see ``OrangeMoney.status``).
+
+    Unreadable is not unreported: on a terminal status (SUCCESS, FAILED,
+    EXPIRED), each field below that is PRESENT but not of Orange's documented
+    shape is listed in ``RailStatus.unreadable`` (the poll then settles
+    nothing and raises one ``rail_contradiction`` alert); an absent field is
+    not reported. ``null`` is present.
+
+    * ``amount``: Orange's amounts are JSON integers in the currency's unit
+      (design/rails.md: init ``amount (int)``; afro.tools: "sending a decimal
+      is rejected"), and only currencies of ISO 4217 exponent 0 reach Orange,
+      so the integer is the amount in minor units of ``currency``'s exponent.
+      Unreadable: a string (even ``"1500"``: not Orange's shape), a
+      fractional or exponent number (``1500.5``, ``1e3``, which JSON reads as
+      a float), a negative number, a bool, ``null``.
+    * ``currency``: three ASCII letters (upper-cased); anything else.
+    * ``txnid`` (SUCCESS): a string of 1-128 visible ASCII characters (e.g.
+      ``MP220915.1234.A12345``); never truncated.
+
+    The status body documented by Orange carries neither amount nor currency
+    (``{status, order_id, txnid}``); they are read when present.
+    """
     body = _json_object(content)
     if body is None:
         return RailStatus(StatusKind.NO_ANSWER, http_status=http, detail="status body is not a JSON object")
@@ -675,17 +746,38 @@ def _status_from_body(content: bytes, http: int, order_id: str) -> RailStatus:
     status = body.get("status")
     if status in (WAITING, CONFIRMED):
         return RailStatus(StatusKind.PENDING, reason=status, http_status=http)
-    if status == SUCCESS:
-        return RailStatus(StatusKind.SUCCEEDED, http_status=http,
-                          financial_transaction_id=_short_id(body.get("txnid")))
-    if status == FAILED:
-        return RailStatus(StatusKind.FAILED, reason=FAILED, http_status=http)
-    if status == EXPIRED:
-        return RailStatus(StatusKind.FAILED, reason=EXPIRED, http_status=http)
-    # Echo only what looks like a status word: a rail echoing a token must not reach a log.
-    shown = status if isinstance(status, str) and _WORD_RE.match(status) else type(status).__name__
-    return RailStatus(StatusKind.NO_ANSWER, http_status=http,
-                      detail=f"status body has no known status ({shown})")
+    if status not in (SUCCESS, FAILED, EXPIRED):
+        # Echo only what looks like a status word: a rail echoing a token must not reach a log.
+        shown = status if isinstance(status, str) and _WORD_RE.match(status) else type(status).__name__
+        return RailStatus(StatusKind.NO_ANSWER, http_status=http,
+                          detail=f"status body has no known status ({shown})")
+    unreadable: list[str] = []
+    reported_currency = None
+    if "currency" in body:
+        raw = body["currency"]
+        if isinstance(raw, str) and _CURRENCY_CODE.fullmatch(raw):
+            reported_currency = raw.upper()
+        else:
+            unreadable.append("currency")
+    amount = None
+    if "amount" in body:
+        raw = body["amount"]
+        if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+            amount = raw * 10 ** exponent(reported_currency or currency)
+        else:
+            unreadable.append("amount")
+    txnid = None
+    if status == SUCCESS and "txnid" in body:
+        raw = body["txnid"]
+        if isinstance(raw, str) and len(raw.strip()) <= _HINT_MAX_CHARS and _VISIBLE_ID.fullmatch(raw.strip()):
+            txnid = raw.strip()
+        else:
+            unreadable.append("financial_transaction_id")
+    detail = f"unreadable: {', '.join(unreadable)}" if unreadable else None
+    kind = StatusKind.SUCCEEDED if status == SUCCESS else StatusKind.FAILED
+    return RailStatus(kind, reason=None if status == SUCCESS else status, http_status=http,
+                      financial_transaction_id=txnid, amount=amount, currency=reported_currency,
+                      unreadable=tuple(unreadable), detail=detail)
 
 
 def _error_code(response: requests.Response) -> str | None:

@@ -1,0 +1,122 @@
+"""Statement import benchmark (never run as a test): a 50,000-line statement.
+
+    python bench/statements_bench.py            # embedded Postgres under ./.vpay-bench
+    VPAY_DATABASE_URL=... python bench/statements_bench.py [LINES]
+
+Makes a fresh ``vpay_bench_statements`` database with LINES charges on the
+MTN rail (default 50,000): 96 % succeeded, 2 % failed (matched by the
+statement), 2 % still pending with us (the statement settles them), plus 1 %
+more lines naming nothing of ours. Writes the statement in the default
+profile and times the installed ``vpay-server statements import`` end to end
+(process start, read, match, report): a dry run, then ``--apply`` (records
+every line, settles the pending ones with one event each, raises the alerts,
+in one transaction), then the same file again (already imported).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+HERE = Path(__file__).resolve().parent
+
+
+def _server() -> str:
+    from vpay.db import database_url
+    os.environ.setdefault("VPAY_DATA_DIR", str(HERE.parent / ".vpay-bench"))
+    return database_url()
+
+
+def _fresh(server: str, name: str) -> str:
+    from vpay.db import migrate
+    admin = psycopg.conninfo.make_conninfo(server, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = psycopg.conninfo.make_conninfo(server, dbname=name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)
+    return url
+
+
+def _ledger(url: str, n: int, path: Path) -> dict[str, int]:
+    """``n`` charges and their statement; answers how many of each."""
+    rows, lines = [], []
+    kinds = {"succeeded": 0, "failed": 0, "pending": 0, "unknown": 0}
+    for i in range(n):
+        status = "failed" if i % 50 == 1 else "pending" if i % 50 == 2 else "succeeded"
+        kinds[status] += 1
+        ref = str(uuid.uuid4())
+        amount = 500 + i % 10_000
+        rows.append((f"pi_b{i}", f"ch_b{i}", ref, amount, status))
+        rail_says = "FAILED" if status == "failed" else "SUCCESSFUL"
+        lines.append([ref, f"{9_000_000_000 + i}" if rail_says == "SUCCESSFUL" else "", f"{amount // 100}.{amount % 100:02d}",
+                      "EUR", rail_says, f"2026-11-{1 + i * 29 // n:02d}T12:00:00Z"])
+    for i in range(n // 100):
+        kinds["unknown"] += 1
+        lines.append([str(uuid.uuid4()), f"{8_000_000_000 + i}", "7.00", "EUR", "SUCCESSFUL",
+                      "2026-11-15T12:00:00Z"])
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO merchants (id) VALUES ('m_bench')")
+        with conn.transaction(), conn.cursor() as cur:
+            with cur.copy("COPY payment_intents (id, merchant_id, amount, currency, status, created_at) "
+                          "FROM STDIN") as copy:
+                for pi, _ch, _ref, amount, status in rows:
+                    copy.write_row((pi, "m_bench", amount, "EUR",
+                                    {"succeeded": "succeeded", "failed": "requires_payment_method"}.get(
+                                        status, "processing"), "2026-11-01T00:00:00Z"))
+            with cur.copy("COPY charges (id, payment_intent_id, rail, rail_reference, payer, amount, currency, "
+                          "status, failure_code, created_at, settled_at) FROM STDIN") as copy:
+                for pi, ch, ref, amount, status in rows:
+                    copy.write_row((ch, pi, "mtn", ref, "256770000001", amount, "EUR", status,
+                                    "APPROVAL_REJECTED" if status == "failed" else None,
+                                    "2026-11-01T00:00:00Z",
+                                    "2026-11-01T00:01:00Z" if status != "pending" else None))
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\r\n")
+        writer.writerow(["reference", "rail_transaction_id", "amount", "currency", "status", "time"])
+        writer.writerows(lines)
+    return kinds
+
+
+def _timed(url: str, *args: str) -> tuple[float, str]:
+    exe = Path(sys.executable).with_name("vpay-server")
+    env = {**os.environ, "VPAY_DATABASE_URL": url, "VPAY_LOG_LEVEL": "WARNING"}
+    started = time.perf_counter()
+    out = subprocess.run([str(exe), "statements", "import", *args], env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    if out.returncode != 0:
+        raise SystemExit(out.stderr)
+    return elapsed, out.stdout
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 50_000
+    url = _fresh(_server(), "vpay_bench_statements")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "statement.csv"
+        kinds = _ledger(url, n, path)
+        lines = n + kinds["unknown"]
+        print(f"ledger: {kinds}; statement: {lines} lines, {path.stat().st_size / 1e6:.1f} MB")
+        for label, args in (("dry run", ()), ("--apply", ("--apply",)), ("same file again", ("--apply",))):
+            elapsed, out = _timed(url, str(path), "--rail", "mtn", *args)
+            print(f"{label:<16} {elapsed:6.2f} s  ({lines / elapsed:,.0f} lines/s, process start included)")
+            if label == "--apply":
+                print("\n".join(out.splitlines()[2:10]))
+    with psycopg.connect(url, autocommit=True) as conn:
+        events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+        pending = conn.execute("SELECT count(*) FROM charges WHERE status = 'pending'").fetchone()[0]
+    print(f"after: {events} events written (one per settled charge), {pending} charges still pending")
+
+
+if __name__ == "__main__":
+    main()
