@@ -183,12 +183,12 @@ def test_status_401_fetches_a_new_token_and_retries_once_in_the_same_call(rsps, 
     assert len(calls_to(rsps, TOKEN_URL)) == 2
 
 
-def test_status_401_twice_is_no_answer_after_one_retry(rsps, adapter):
+def test_status_401_twice_is_misconfigured_after_one_retry(rsps, adapter):
     rsps.add(responses.POST, TOKEN_URL, json={"access_token": ACCESS_TOKEN, "expires_in": 3600})
     rsps.add(responses.POST, TOKEN_URL, json={"access_token": SECOND_TOKEN, "expires_in": 3600})
     add_status(rsps, status=401, json={"code": "UNAUTHORIZED", "message": "expired"})
     result = adapter.status(CHARGE)
-    assert result.kind is StatusKind.NO_ANSWER
+    assert result.kind is StatusKind.MISCONFIGURED  # the fresh token refused too: our credentials
     assert result.http_status == 401
     assert len(calls_to(rsps, TOKEN_URL)) == 2
     assert len(calls_to(rsps, STATUS_URL)) == 2

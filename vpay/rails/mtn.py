@@ -411,7 +411,7 @@ class MtnMomo:
         body = self._request_to_pay_body(charge)
         product = self._collection
         try:
-            response, token = self._call(
+            response, token, fresh = self._call(
                 product, "POST", f"{self.base_url}/collection/v1_0/requesttopay",
                 headers=lambda token: self._request_to_pay_headers(token, charge.rail_reference),
                 json_body=body,
@@ -420,7 +420,7 @@ class MtnMomo:
             self._log_no_answer("request_to_pay", "charge", charge.charge_id, charge.rail_reference, no)
             return no.submit()
 
-        submit = self._submit_from_response(response, product, token)
+        submit = self._submit_from_response(response, product, token, fresh_token=fresh)
         log.info(
             "mtn request_to_pay charge=%s reference=%s -> %s (http %s, reason %s)",
             charge.charge_id, charge.rail_reference, submit.kind.value,
@@ -518,12 +518,12 @@ class MtnMomo:
         currency). Never raises for the rail's answers."""
         url = f"{self.base_url}/{resource}/{quote(reference, safe='')}"
         try:
-            response, token = self._call(product, "GET", url)
+            response, token, fresh = self._call(product, "GET", url)
         except _NoAnswer as no:
             self._log_no_answer(op, noun, our_id, reference, no)
             return no.status()
 
-        result = self._status_from_response(response, product, token, currency)
+        result = self._status_from_response(response, product, token, currency, fresh_token=fresh)
         log.info(
             "mtn %s %s=%s reference=%s -> %s (http %s, reason %s)",
             op, noun, our_id, reference, result.kind.value, result.http_status, result.reason,
@@ -585,7 +585,7 @@ class MtnMomo:
         }
         product = self._disbursement
         try:
-            response, token = self._call(
+            response, token, fresh = self._call(
                 product, "POST", f"{self.base_url}/disbursement/v1_0/refund",
                 headers=lambda token: self._api_headers(product, token)
                 | {"X-Reference-Id": refund.rail_reference},
@@ -594,7 +594,7 @@ class MtnMomo:
             self._log_no_answer("refund", "refund", refund.refund_id, refund.rail_reference, no)
             return no.submit()
 
-        submit = self._submit_from_response(response, product, token)
+        submit = self._submit_from_response(response, product, token, fresh_token=fresh)
         log.info(
             "mtn refund refund=%s reference=%s of=%s -> %s (http %s, reason %s)",
             refund.refund_id, refund.rail_reference, refund.charge_rail_reference,
@@ -731,8 +731,10 @@ class MtnMomo:
         *,
         headers: Callable[[str], Mapping[str, str]] | None = None,
         json_body: Any = None,
-    ) -> tuple[requests.Response, str]:
-        """One authenticated call of ``product``: ``(response, token used)``.
+    ) -> tuple[requests.Response, str, bool]:
+        """One authenticated call of ``product``: ``(response, token used,
+        fresh)``; ``fresh`` when that token was fetched after a 401 in this
+        call (so another 401 refuses our credentials, not a stale token).
 
         Raises ``RailPaused`` (nothing sent) while the rail's gate is closed.
         Then, under one ``Deadline(total_timeout)``: a token (cached or
@@ -757,7 +759,8 @@ class MtnMomo:
                                           deadline=deadline)
                 log.info("mtn %s: retried once with a new access token -> HTTP %s",
                          product.name, response.status_code)
-        return response, token
+                return response, token, True
+        return response, token, False
 
     def _exchange(
         self,
