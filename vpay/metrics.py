@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import GaugeMetricFamily
 
 from .lanes import LANES
+from .rails.port import RailPaused
 
 log = logging.getLogger("vpay.metrics")
 
@@ -163,7 +164,8 @@ def rail_call(operation: str) -> Callable:
 
     An answer made without a request (``http_status`` None and not
     ``no_answer``: an unsupported currency, Orange's refusal to refund) is
-    logged with ``sent`` false and not counted as a request. Nothing from the
+    logged with ``sent`` false and not counted as a request; so is a call
+    refused by a paused rail (``RailPaused``: answer ``paused``). Nothing from the
     call's arguments is logged, so no credential or token can be."""
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -174,6 +176,11 @@ def rail_call(operation: str) -> Callable:
                 result = fn(self, *args, **kwargs)
                 answer = getattr(getattr(result, "kind", None), "value", "error")
                 return result
+            except RailPaused:
+                # The rail asked for less traffic (vpay.rail_gate): logged and
+                # counted by the gate, not as a request of this call.
+                answer = "paused"
+                raise
             finally:
                 seconds = time.monotonic() - started
                 http_status = getattr(result, "http_status", None)

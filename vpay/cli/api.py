@@ -61,9 +61,16 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
         log.warning("VPAY_MTN_CALLBACK_URL is not set: MoMo will send no callbacks "
                     "(payments still settle through the worker's polls)")
     url, _ = open_db()  # a URL only: each worker makes its own pool after the fork
+    # At most half the threads of a process wait on a rail at once, each for
+    # at most VPAY_API_RAIL_TIMEOUT_SECONDS: /healthz, callbacks and reads
+    # always find a thread, however the rail behaves (docs/api.md).
+    slots = max(1, threads // 2)
+
+    def rail_for(code):
+        return build_rail(code, total_timeout=settings.api_rail_timeout_seconds)
 
     def app_factory():
-        return create_app(url, build_rail, settings)
+        return create_app(url, rail_for, settings, submit_slots=slots)
 
     ApiServer(app_factory, {"bind": [bind], "workers": workers, "threads": threads,
                             "timeout": timeout,

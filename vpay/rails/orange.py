@@ -35,8 +35,15 @@ that the two adapters can change independently):
   exception for anything Orange (or the network) does: every answer becomes a
   ``Submit`` / ``RailStatus`` value, and anything unreadable is ``NO_ANSWER``,
   never a decline.
-* Every HTTP exchange has explicit (connect, read) timeouts and a bounded
-  number of attempts (``MAX_ATTEMPTS``), so one call is bounded in time.
+* Every call (token fetch, transport retries and a 401's one retry included)
+  runs under one total deadline (``vpay.http_deadline.Deadline``,
+  ``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``, default 20 s), however Orange
+  trickles; each HTTP exchange also has (connect, read) timeouts and a
+  bounded number of attempts (``MAX_ATTEMPTS``).
+* A 401 on an operation drops the token, fetches a new one and retries once,
+  within the same call. A 429 or 503 with ``Retry-After`` closes the
+  adapter's ``RailGate`` (capped, ``VPAY_ORANGE_MAX_PAUSE_SECONDS``): calls
+  raise ``RailPaused`` without sending anything until it opens.
 * Credentials, the access token, ``pay_token`` and ``notif_token`` are never
   logged and never put in an exception or a ``detail`` text.
 * Unreadable is not unreported: a status field present but not of Orange's
@@ -77,14 +84,18 @@ from tenacity import (
     wait_chain,
     wait_fixed,
 )
+from tenacity.stop import stop_base
 
 from ..currency import exponent
+from ..http_deadline import Deadline, new_session, parse_retry_after
+from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 from ..metrics import rail_call
 from .port import (
     CallbackIds,
     ChargeRequest,
     MalformedCallback,
     RailError,
+    RailPaused,
     RailStatus,
     RefundRequest,
     StatusKind,
@@ -106,6 +117,9 @@ MAX_ATTEMPTS = 3
 RETRY_WAITS = (0.2, 0.5)
 RETRY_BUDGET_SECONDS = 15.0
 _RETRIED_HTTP_STATUSES = frozenset({502, 503, 504})
+_BACKPRESSURE_STATUSES = frozenset({429, 503})  # with Retry-After: Orange asks for less traffic
+DEFAULT_TOTAL_TIMEOUT_SECONDS = 20.0
+"""One call's whole time (``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``)."""
 
 # A cached token is dropped this many seconds before Orange says it expires.
 TOKEN_SAFETY_MARGIN_SECONDS = 60.0
@@ -137,7 +151,9 @@ _ENV = {
 }
 _ENV_OPTIONAL = {"lang": "VPAY_ORANGE_LANG", "reference": "VPAY_ORANGE_REFERENCE"}
 _ENV_TIMEOUTS = {"connect_timeout": "VPAY_ORANGE_CONNECT_TIMEOUT_SECONDS",
-                 "read_timeout": "VPAY_ORANGE_READ_TIMEOUT_SECONDS"}
+                 "read_timeout": "VPAY_ORANGE_READ_TIMEOUT_SECONDS",
+                 "total_timeout": "VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS"}
+_ENV_MAX_PAUSE = "VPAY_ORANGE_MAX_PAUSE_SECONDS"
 
 
 def order_id_for(rail_reference: str) -> str:
@@ -219,6 +235,8 @@ class OrangeMoney:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        total_timeout: float = DEFAULT_TOTAL_TIMEOUT_SECONDS,
+        max_pause: float = DEFAULT_MAX_PAUSE_SECONDS,
     ) -> None:
         """Build the adapter from explicit settings.
 
@@ -234,8 +252,10 @@ class OrangeMoney:
         merchant name shown on Orange's page) go in the init body. Timeouts
         are in seconds and apply to every request.
 
-        Time bound of one call: at most two exchanges (token, then the
-        operation); a status read or token exchange makes at most
+        Time bound of one call: ``total_timeout`` seconds whatever Orange
+        does (``vpay.http_deadline``). Within it, at most four exchanges
+        (token, the operation, and after a 401 a new token and the operation
+        once more); a status read or token exchange makes at most
         ``MAX_ATTEMPTS`` attempts with ``RETRY_WAITS`` between them and none
         after ``RETRY_BUDGET_SECONDS``; the init makes one attempt (plus
         retries of a connection that was never established).
@@ -267,12 +287,14 @@ class OrangeMoney:
         self.lang = lang or "fr"
         self.reference = (reference or "vpay")[:64]
         self.timeout = (connect_timeout, read_timeout)
+        self.total_timeout = float(total_timeout)
+        self.gate = RailGate(self.code, max_pause)
         self._client_basic = "Basic " + base64.b64encode(
             f"{client_id}:{client_secret}".encode()).decode("ascii")
         self._merchant_key = merchant_key
         self._token: tuple[str, float] | None = None   # (access_token, expires_at per clock)
         self._token_lock = threading.Lock()
-        self._session = session or requests.Session()
+        self._session = session or new_session()
         self._clock = clock
         self._sleep = sleep
 
@@ -288,8 +310,10 @@ class OrangeMoney:
         init needs all three URLs). Optional: ``VPAY_ORANGE_LANG`` (default
         ``fr``), ``VPAY_ORANGE_REFERENCE`` (merchant name on Orange's page,
         default ``vpay``), ``VPAY_ORANGE_CONNECT_TIMEOUT_SECONDS`` and
-        ``VPAY_ORANGE_READ_TIMEOUT_SECONDS``. ``kwargs`` go to the
-        constructor and win.
+        ``VPAY_ORANGE_READ_TIMEOUT_SECONDS``, ``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``
+        (one call's whole time, default 20, at most 600) and
+        ``VPAY_ORANGE_MAX_PAUSE_SECONDS`` (the longest backpressure pause,
+        default 300, at most 3600). ``kwargs`` go to the constructor and win.
 
         Raises ``RailError`` naming every missing variable (names only,
         never values).
@@ -302,6 +326,9 @@ class OrangeMoney:
             value = seconds_setting(environ, name)
             if value is not None and key not in kwargs:
                 kwargs[key] = value
+        pause = seconds_setting(environ, _ENV_MAX_PAUSE, maximum=3600.0)
+        if pause is not None and "max_pause" not in kwargs:
+            kwargs["max_pause"] = pause
         for key, name in _ENV_OPTIONAL.items():
             if key not in kwargs and environ.get(name):
                 kwargs[key] = environ[name]
@@ -370,10 +397,8 @@ class OrangeMoney:
             "reference": self.reference,
         }
         try:
-            token = self._access_token()
-            response = self._exchange("POST", f"{self._webpay}/webpayment",
-                                      headers=self._api_headers(token), json_body=body,
-                                      retry_sent=False)
+            response, token = self._call("POST", f"{self._webpay}/webpayment", json_body=body,
+                                         retry_sent=False)
         except _NoAnswer as no:
             self._log_no_answer("request_to_pay", charge, no)
             return no.submit()
@@ -452,9 +477,7 @@ class OrangeMoney:
         order_id = order_id_for(charge.rail_reference)
         body = {"order_id": order_id, "amount": _whole_amount(charge.amount), "pay_token": pay_token}
         try:
-            token = self._access_token()
-            response = self._exchange("POST", f"{self._webpay}/transactionstatus",
-                                      headers=self._api_headers(token), json_body=body)
+            response, token = self._call("POST", f"{self._webpay}/transactionstatus", json_body=body)
         except _NoAnswer as no:
             self._log_no_answer("status", charge, no)
             return no.status()
@@ -529,25 +552,29 @@ class OrangeMoney:
 
     # --- Token -------------------------------------------------------------
 
-    def _access_token(self) -> str:
+    def _access_token(self, deadline: Deadline) -> str:
         """A bearer token from the cache or ``POST {base}/oauth/v3/token``.
         The lock is held during the fetch: threads finding the cache empty
-        wait for one fetch."""
-        with self._token_lock:
+        wait for one fetch, for at most what is left of their own deadline."""
+        if not self._token_lock.acquire(timeout=max(deadline.remaining(), 0.001)):
+            raise _NoAnswer("TIMEOUT", "deadline passed waiting for another call's token fetch")
+        try:
             now = self._clock()
             if self._token is not None and now < self._token[1]:
                 return self._token[0]
-            token, lifetime = self._fetch_token()
+            token, lifetime = self._fetch_token(deadline)
             margin = min(TOKEN_SAFETY_MARGIN_SECONDS, lifetime / 2)
             self._token = (token, now + lifetime - margin)
             return token
+        finally:
+            self._token_lock.release()
 
-    def _fetch_token(self) -> tuple[str, float]:
+    def _fetch_token(self, deadline: Deadline) -> tuple[str, float]:
         """``(access_token, expires_in seconds)``; raises ``_NoAnswer``."""
         response = self._exchange(
             "POST", f"{self.base_url}/oauth/v3/token",
             headers={"Authorization": self._client_basic, "Accept": "application/json"},
-            form_body={"grant_type": "client_credentials"},
+            form_body={"grant_type": "client_credentials"}, deadline=deadline,
         )
         if response.status_code != 200:
             refused = response.status_code in (401, 403)   # fresh client credentials refused
@@ -577,9 +604,33 @@ class OrangeMoney:
     def _api_headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
+    def _call(self, method: str, url: str, *, json_body: Any = None,
+              retry_sent: bool = True) -> tuple[requests.Response, str]:
+        """One authenticated call: ``(response, token used)``. Raises
+        ``RailPaused`` (nothing sent) while the gate is closed; then, under
+        one ``Deadline(total_timeout)``: a token, the exchange, and on a 401
+        a new token and the exchange once more (a 401 means Orange did not
+        act on the request, so re-sending the init is safe). Raises
+        ``_NoAnswer`` when no response came, ``RailPaused`` for a 429/503
+        with ``Retry-After``."""
+        self.gate.check()
+        with Deadline(self.total_timeout) as deadline:
+            token = self._access_token(deadline)
+            response = self._exchange(method, url, headers=self._api_headers(token),
+                                      json_body=json_body, retry_sent=retry_sent, deadline=deadline)
+            if response.status_code == 401:
+                self._drop_token(token)
+                token = self._access_token(deadline)
+                response = self._exchange(method, url, headers=self._api_headers(token),
+                                          json_body=json_body, retry_sent=retry_sent,
+                                          deadline=deadline)
+                log.info("orange: retried once with a new access token -> HTTP %s",
+                         response.status_code)
+        return response, token
+
     def _exchange(self, method: str, url: str, *, headers: Mapping[str, str],
                   json_body: Any = None, form_body: Mapping[str, str] | None = None,
-                  retry_sent: bool = True) -> requests.Response:
+                  retry_sent: bool = True, deadline: Deadline) -> requests.Response:
         """One HTTP exchange with bounded transport retries.
 
         With ``retry_sent`` (token, status reads: both without effect),
@@ -588,16 +639,20 @@ class OrangeMoney:
         with 403, and the first one's answer would be lost), only a
         connection that timed out before it was established is retried: the
         request never left. Returns the last response; raises ``_NoAnswer``
-        when no response came.
+        when no response came, and ``RailPaused`` (after closing the gate)
+        for a 429 or 503 carrying ``Retry-After`` (such a 503 is not retried).
+        No attempt starts once ``deadline`` has passed.
         """
         if retry_sent:
             retry = (retry_if_exception_type((requests.ConnectionError, requests.Timeout))
-                     | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES))
+                     | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES
+                                       and "retry-after" not in r.headers))
         else:
             retry = retry_if_exception_type(requests.ConnectTimeout)
         retrying = Retrying(
             retry=retry,
-            stop=stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS),
+            stop=(stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS)
+                  | _DeadlinePassed(deadline)),
             wait=wait_chain(*(wait_fixed(w) for w in RETRY_WAITS)),
             sleep=self._sleep,
             retry_error_callback=lambda state: state.outcome.result(),
@@ -608,16 +663,35 @@ class OrangeMoney:
         if form_body is not None:
             kwargs["data"] = dict(form_body)
         try:
-            return retrying(self._session.request, method, url, **kwargs)
-        except requests.Timeout as exc:
-            # Only the class name: exception texts can carry URLs.
-            raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__})") from None
+            response = retrying(self._session.request, method, url, **kwargs)
         except requests.RequestException as exc:
+            if deadline.expired:
+                raise _NoAnswer("TIMEOUT", f"total deadline of {deadline.seconds:g} s passed") from None
+            if isinstance(exc, requests.Timeout):
+                # Only the class name: exception texts can carry URLs.
+                raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__})") from None
             raise _NoAnswer("CONNECTION_ERROR", type(exc).__name__) from None
+        if response.status_code in _BACKPRESSURE_STATUSES:
+            wait = parse_retry_after(response.headers.get("retry-after"), response.headers.get("date"))
+            if wait is not None and wait > 0:
+                left = self.gate.pause(wait, f"HTTP {response.status_code} Retry-After "
+                                             f"{response.headers.get('retry-after', '')[:40]}")
+                raise RailPaused(self.code, left, f"HTTP {response.status_code} with Retry-After")
+        return response
 
     def _log_no_answer(self, operation: str, charge: ChargeRequest, no: _NoAnswer) -> None:
         log.warning("orange %s charge=%s reference=%s -> no answer: %s (reason %s)",
                     operation, charge.charge_id, charge.rail_reference, no.detail, no.reason)
+
+
+class _DeadlinePassed(stop_base):
+    """tenacity stop condition: no new attempt once the call's deadline has passed."""
+
+    def __init__(self, deadline: Deadline):
+        self.deadline = deadline
+
+    def __call__(self, retry_state) -> bool:
+        return self.deadline.remaining() <= 0
 
 
 # --- Helpers (pure) ----------------------------------------------------------

@@ -24,6 +24,24 @@ class RailError(Exception):
     ``RailStatus`` / ``Submit`` values."""
 
 
+class RailPaused(Exception):
+    """The rail asked for less traffic (HTTP 429 or 503 with ``Retry-After``,
+    design/rails.md) and this process holds every call to it until
+    ``seconds`` from now (``vpay.rail_gate.RailGate``). Raised by an
+    adapter's ``request_to_pay``, ``status``, ``refund`` and
+    ``refund_status`` before any request is sent while the pause lasts, and
+    by the call whose answer asked for it. Not a rail answer and never a
+    decline: the caller reschedules the work to the end of the pause
+    (``vpay.handlers.registry.handle``), without counting it as a failure or
+    a rung. ``reason`` is short and credential-free."""
+
+    def __init__(self, rail: str, seconds: float, reason: str):
+        super().__init__(f"rail {rail} paused for {seconds:.1f} s: {reason}")
+        self.rail = rail
+        self.seconds = seconds
+        self.reason = reason
+
+
 def seconds_setting(environ, name: str, maximum: float = 600.0) -> float | None:
     """A rail adapter's timeout setting ``name`` in seconds, or ``None`` when
     unset. Raises ``RailError`` unless it is a finite number above 0 and at
