@@ -152,6 +152,9 @@ class Chaos:
             "VPAY_MTN_CALLBACK_URL": f"{self.api_url}/provider/mtn/callback",
             "VPAY_MTN_CONNECT_TIMEOUT_SECONDS": "1",
             "VPAY_MTN_READ_TIMEOUT_SECONDS": str(self.args.rail_read_timeout),
+            # one rail call's whole time (the isolation issue's total deadline): a
+            # trickling answer longer than this is cut
+            "VPAY_MTN_TOTAL_TIMEOUT_SECONDS": str(self.args.rail_total_timeout),
             "VPAY_WEBHOOKS_ALLOW_PRIVATE": "1",
             "VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS": "1",
             "VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": str(self.args.webhook_read_timeout),
@@ -803,6 +806,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker-concurrency", type=int, default=5, help="per worker [5, the most a worker takes]")
     parser.add_argument("--lease", type=float, default=8.0, help="worker --lease-seconds [8]")
     parser.add_argument("--rail-read-timeout", type=float, default=2.0)
+    parser.add_argument("--rail-total-timeout", type=float, default=5.0,
+                        help="VPAY_MTN_TOTAL_TIMEOUT_SECONDS of the vpay processes [5]")
     parser.add_argument("--webhook-read-timeout", type=float, default=2.0)
     parser.add_argument("--prompt-ttl", type=int, default=60, help="VPAY_PROMPT_TTL_SECONDS [60]")
     parser.add_argument("--success-after", type=float, default=2.0,

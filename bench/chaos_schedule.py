@@ -188,7 +188,7 @@ def _fault(rng: random.Random, kind: str, at: float, rate: float, lease: float,
     if kind == "rail_trickle":
         return Fault(at, kind, "rail", {"seconds": round(rng.uniform(2, 6), 2),
                                         "p": round(rng.uniform(0.2, 0.6), 2),
-                                        "trickle": round(rng.uniform(1.0, 2.0 * rail_read_timeout), 2)})
+                                        "trickle": round(rng.uniform(1.0, 3.0 * rail_read_timeout + 1.0), 2)})
     if kind == "rail_429":
         return Fault(at, kind, "rail", {"seconds": round(rng.uniform(2, 6), 2),
                                         "p": round(rng.uniform(0.3, 0.9), 2),
