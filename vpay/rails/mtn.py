@@ -390,11 +390,6 @@ class MtnMomo:
             return no.submit()
 
         submit = self._submit_from_response(response, product, token, fresh_token=fresh)
-        log.info(
-            "mtn request_to_pay charge=%s reference=%s -> %s (http %s, reason %s)",
-            charge.charge_id, charge.rail_reference, submit.kind.value,
-            submit.http_status, submit.reason,
-        )
         return submit
 
     def _request_to_pay_body(self, charge: ChargeRequest) -> dict[str, Any]:
@@ -482,7 +477,7 @@ class MtnMomo:
         to the port's ``RailStatus``: the one status read of both products
         (collection: ``status``; disbursement: ``refund_status``), so a charge
         and a refund can never be read by different rules. ``op``, ``noun``
-        and ``our_id`` name the call in the log line; ``currency`` is the one
+        and ``our_id`` name the call in the no-answer log line; ``currency`` is the one
         we asked for (its exponent reads an amount reported without a
         currency). Never raises for the rail's answers."""
         url = f"{self.base_url}/{resource}/{quote(reference, safe='')}"
@@ -493,10 +488,6 @@ class MtnMomo:
             return no.status()
 
         result = self._status_from_response(response, product, token, currency, fresh_token=fresh)
-        log.info(
-            "mtn %s %s=%s reference=%s -> %s (http %s, reason %s)",
-            op, noun, our_id, reference, result.kind.value, result.http_status, result.reason,
-        )
         return result
 
     def _status_from_response(self, response: requests.Response, product: _Product,
@@ -564,11 +555,6 @@ class MtnMomo:
             return no.submit()
 
         submit = self._submit_from_response(response, product, token, fresh_token=fresh)
-        log.info(
-            "mtn refund refund=%s reference=%s of=%s -> %s (http %s, reason %s)",
-            refund.refund_id, refund.rail_reference, refund.charge_rail_reference,
-            submit.kind.value, submit.http_status, submit.reason,
-        )
         return submit
 
     @rail_call("refund_status")

@@ -377,9 +377,6 @@ class OrangeMoney:
             return no.submit()
 
         submit = self._submit_from_response(response, token, charge.resend)
-        log.info("orange request_to_pay charge=%s reference=%s order=%s -> %s (http %s, reason %s)",
-                 charge.charge_id, charge.rail_reference, body["order_id"], submit.kind.value,
-                 submit.http_status, submit.reason)
         return submit
 
     def _submit_from_response(self, response: requests.Response, token: str, resend: bool) -> Submit:
@@ -456,9 +453,6 @@ class OrangeMoney:
             return no.status()
 
         result = self._status_from_response(response, token, order_id, charge.currency)
-        log.info("orange status charge=%s reference=%s -> %s (http %s, reason %s)",
-                 charge.charge_id, charge.rail_reference, result.kind.value,
-                 result.http_status, result.reason)
         return result
 
     def _status_from_response(self, response: requests.Response, token: str,
@@ -487,7 +481,6 @@ class OrangeMoney:
         """Orange Money Web Payment offers no refund call to this adapter:
         always REJECTED ``REFUND_NOT_SUPPORTED``, nothing sent, so the refund
         fails at once and no money is promised back."""
-        log.info("orange refund refund=%s -> rejected: not supported by this rail", refund.refund_id)
         return Submit(SubmitKind.REJECTED, reason="REFUND_NOT_SUPPORTED")
 
     @rail_call("refund_status")
