@@ -96,6 +96,21 @@ def test_usage_and_log_level_errors_are_one_line(db_url, args, env, code):
     one_line(res)
 
 
+@pytest.mark.parametrize("args", [
+    ("prune", "--older-than", "999999999", "--dry-run"),
+    ("charges", "list", "--older-than", "99999999999999d"),
+    ("jobs", "retry", "99999999999999999999999"),
+    ("jobs", "release", "99999999999999999999999"),
+    ("alerts", "ack", "99999999999999999999", "--note", "x"),
+], ids=" ".join)
+def test_a_number_past_what_the_database_holds_is_a_usage_error_not_a_bug(db_url, args):
+    # These reached Postgres (timestamp or bigint out of range) and came back
+    # as "internal error", exit 70: the code for a bug, not for a typo.
+    res = run("vpay-server", *args, env=base_env(db_url))
+    assert res.returncode == 2, res.stderr
+    assert "internal error" not in one_line(res)
+
+
 def test_a_busy_sandbox_rail_port_is_one_line_and_69(db_url):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -68,6 +68,10 @@ class MinorUnits(click.ParamType):
 
 MINOR_UNITS = MinorUnits()
 
+# A row id (jobs.id, alerts.id: bigint). A larger number names no row, and
+# would otherwise reach Postgres and fail there as a bug (exit 70).
+ROW_ID = click.IntRange(min=1, max=2**63 - 1)
+
 
 def log_level(value: str | None) -> str:
     """The log level named by ``--log-level`` (``value``) or ``VPAY_LOG_LEVEL``
