@@ -22,6 +22,7 @@ setup(
         "falcon>=3.1",
         "gunicorn>=22",
         "standardwebhooks>=1.0",
+        "prometheus_client>=0.20",
         "openpyxl>=3.1",  # statements exported as .xlsx
     ],
     extras_require={
@@ -31,6 +32,7 @@ setup(
             "responses>=0.25",
             "hypothesis>=6.100",
             "pytest-timeout>=2.2",
+            "pyyaml>=6",
             # An independent published MoMo client the sandbox conformance test
             # drives (tests/unit/test_sandbox_published_client.py). Not mtnmomo: it
             # pins requests==2.21.0 and Click==7.0, which cannot install beside

@@ -209,7 +209,7 @@ def test_an_unresolved_charge_is_found_reconciled_against_the_statement_and_ackn
     paid = pay(db, stack, "46733123454")    # PAYER_DELAYED for ever: until the rail settles it behind our back
     db.execute("UPDATE charges SET created_at = created_at - interval '25 hours' WHERE id = ANY(%s)",
                ([charge["id"], paid["id"]],))
-    start_worker(spawn, stack)
+    worker = start_worker(spawn, stack)
     with TimeMachine(stack.db_url, kinds=("poll",)):
         # escalated (by the sweep or the poll), then read again by the poll
         wait_until(lambda: db.execute(
@@ -217,6 +217,10 @@ def test_an_unresolved_charge_is_found_reconciled_against_the_statement_and_ackn
             "JOIN jobs j ON j.dedupe_key = 'poll:' || c.id WHERE c.id = ANY(%s)",
             ([charge["id"], paid["id"]],)).fetchone()[0],
             timeout=60, what="the escalations and a poll after them")
+    # The time machine may have left a poll due: stop the worker, so that only
+    # the statement (not a read racing the runbook) can settle the paid charge.
+    worker.signal()
+    assert worker.wait(60) == 0
     # The payer approved after our last read and the callback was lost; the
     # next read is an hour away. The rail's statement already says so.
     stack.rail.set_status(paid["rail_reference"], "SUCCESSFUL")

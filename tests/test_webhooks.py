@@ -332,6 +332,10 @@ def test_a_hanging_receiver_times_out_retries_and_does_not_block_the_worker(db, 
     row = wait_until(lambda: (r := deliver_job(db, slow["id"])) and not r[1] and r,
                      what="the hanging delivery rescheduled")
     assert row[0] == 1 and "timeout" in row[3] and row[2] > 1
+    # the endpoint itself is backed off (vpay.webhooks.backoff); move both clocks
+    assert db.execute("SELECT timeouts_in_row, backoff_until > now() FROM webhook_endpoints WHERE id = %s",
+                      (slow["id"],)).fetchone() == (1, True)
+    db.execute("UPDATE webhook_endpoints SET backoff_until = now() WHERE id = %s", (slow["id"],))
     db.execute("UPDATE jobs SET run_at = now() WHERE kind = 'deliver'")
     second = receiver.wait_posts("/slow", 2)[1]
     wait_until(lambda: webhook_jobs(db) == 0, what="retried delivery done")

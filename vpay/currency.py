@@ -7,6 +7,8 @@ with ``minor_to_major_string``.
 
 from __future__ import annotations
 
+import re
+
 # ISO 4217 exponents that differ from the usual 2; anything unlisted is 2.
 _EXPONENTS: dict[str, int] = {
     "BIF": 0, "CLP": 0, "DJF": 0, "GNF": 0, "ISK": 0, "JPY": 0, "KMF": 0,
@@ -54,17 +56,27 @@ def minor_to_major_string(amount: int, currency: str) -> str:
     return f"{major}.{minor:0{exp}d}"
 
 
+_MAJOR_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
 def major_string_to_minor(value, currency: str) -> int | None:
-    """A rail's decimal amount in major units (``"10.50"``, ``"5000"``,
-    ``10.5``) as an int in minor units, or ``None`` when it is not a number
-    or has more decimals than the currency's exponent (exact: Decimal)."""
-    from decimal import Decimal, InvalidOperation
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    """A rail's decimal amount in major units (``"10.50"``, ``"5000"``) as an
+    int in minor units, or ``None`` when it cannot be read as one.
+
+    The shape is MoMo's (design/rails.md, "MTN MoMo": ``amount`` is a
+    string): a JSON string of ASCII digits with at most one ``.`` and digits
+    after it, nothing else. Unreadable, so ``None``: any non-string (a JSON
+    number, ``null``, a bool), ``""``, a sign (``"-15"``, ``"+15"``),
+    exponent notation (``"1e3"``), a thousands separator (``"1,500"``),
+    spaces, ``"NaN"``/``"Infinity"``, words, and a value that is not a whole
+    number of minor units by the currency's ISO 4217 exponent (``"15.001"``
+    for EUR). Extra decimals that are zeros (``"15.000"`` for EUR) are exact,
+    so they are read. Never a float: Decimal arithmetic throughout.
+    """
+    from decimal import Decimal
+    if not isinstance(value, str) or not _MAJOR_DECIMAL.fullmatch(value):
         return None
-    try:
-        scaled = Decimal(str(value).strip()) * (10 ** exponent(currency))
-    except InvalidOperation:
-        return None
-    if not scaled.is_finite() or scaled != scaled.to_integral_value():
+    scaled = Decimal(value) * (10 ** exponent(currency))
+    if scaled != scaled.to_integral_value():
         return None
     return int(scaled)

@@ -1,16 +1,81 @@
-"""JSON logs on stdout (python-json-logger), one object per line."""
+"""JSON logs (python-json-logger), one object per line, with the running
+job's fields on every line.
+
+``VPAY_LOG_LEVEL`` (default ``INFO``; ``DEBUG``, ``WARNING``, ``ERROR``)
+sets the level of every command; ``vpay-server --log-level`` overrides it.
+
+The job context: the worker's loop wraps each job in ``job_context(job,
+worker_id)``, which sets a ``contextvars.ContextVar``; ``JobFields``, a
+filter on the one handler, copies its fields onto every record logged while
+it is set, from any module (rail adapters, handlers, the money state
+machine) without passing them by hand. A field the call gives in ``extra=``
+wins over the context's. A context variable is per thread, so the loops of
+one worker never see each other's job.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator, Mapping
 
 from pythonjsonlogger.json import JsonFormatter
+
+PAYLOAD_IDS = ("charge_id", "refund_id", "event_id", "endpoint_id")
+"""Identifiers copied from a job's payload into its log context, when present."""
+
+_context: ContextVar[Mapping[str, Any]] = ContextVar("vpay_log_context", default={})
+
+
+def job_fields(job: Any, worker_id: str) -> dict[str, Any]:
+    """The fields every line of ``job`` carries: ``worker_id``, ``job_id``,
+    ``kind``, ``lane``, ``dedupe_key`` and the payload's ids (``charge_id``,
+    ``refund_id``, ``event_id``, ``endpoint_id``) that it has."""
+    payload = job.payload if isinstance(job.payload, Mapping) else {}
+    fields = {"worker_id": worker_id, "job_id": job.id, "kind": job.kind,
+              "lane": job.lane, "dedupe_key": job.dedupe_key}
+    fields.update({k: payload[k] for k in PAYLOAD_IDS if isinstance(payload.get(k), (str, int))})
+    return fields
+
+
+@contextmanager
+def context(**fields: Any) -> Iterator[None]:
+    """Add ``fields`` (``None`` values skipped) to every line logged by this
+    thread until the block ends; nests (inner fields win)."""
+    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def job_context(job: Any, worker_id: str):
+    """``context(**job_fields(job, worker_id))``: the loop's one line per job."""
+    return context(**job_fields(job, worker_id))
+
+
+def current() -> dict[str, Any]:
+    """The fields in force in this thread (a copy)."""
+    return dict(_context.get())
+
+
+class JobFields(logging.Filter):
+    """Copies the context's fields onto each record that does not already
+    carry them (``extra=`` wins). Never drops a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in _context.get().items():
+            if key not in record.__dict__:
+                setattr(record, key, value)
+        return True
 
 
 def setup(level: str | None = None, stream=None) -> None:
     """Route every logger to ``stream`` as JSON with ``time``, ``level``,
-    ``logger`` and ``message``; ``extra=`` fields become keys.
+    ``logger`` and ``message``; ``extra=`` fields and the job context's
+    fields become keys.
 
     Services (the worker, the API) log on stdout, where journald reads it;
     one-shot commands that print data (``payments create``, ``migrate``) log
@@ -24,6 +89,7 @@ def setup(level: str | None = None, stream=None) -> None:
         "%(asctime)s %(levelname)s %(name)s %(message)s",
         rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
     ))
+    handler.addFilter(JobFields())
     root.handlers[:] = [handler]
     root.setLevel(level)
     for noisy in ("pgserver", "urllib3", "psycopg.pool"):

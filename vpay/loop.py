@@ -38,7 +38,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from . import handlers, lanes, queue
+from . import handlers, lanes, logs, metrics, queue
 from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
 from .sdnotify import Notifier, watchdog_interval
 from .signals import Drain, ShutdownSignals
@@ -104,6 +104,7 @@ class Gauge:
                 if lane is not None:
                     row = self.per_lane.setdefault(lane, dict.fromkeys(COUNTERS, 0))
                     row[name] += n
+        metrics.leases(**counts)
 
     def snapshot(self) -> dict[str, int]:
         """The totals (the gauge line's top-level keys)."""
@@ -173,10 +174,12 @@ class Worker:
                 self._stopping.wait(self.config.idle_sleep)
                 continue
             self.gauge.add(job.lane, claimed=1)
+            metrics.job_claimed(job)
             with self._inflight_lock:
                 self._inflight[job.lease_token] = job
             try:
-                self._run(job)
+                with logs.job_context(job, self.config.worker_id):
+                    self._run(job)
             finally:
                 with self._inflight_lock:
                     self._inflight.pop(job.lease_token, None)
@@ -207,7 +210,9 @@ class Worker:
             # the failure and parks the job after MAX_FAILURES.
             log.error("could not record the job's outcome; its lease will be reaped",
                       extra=self._job_extra(job, error=f"{type(exc).__name__}: {exc}"[:300]))
+            metrics.job_finished(job, outcome, None, elapsed)
             return
+        metrics.job_finished(job, outcome, kept, elapsed)
         if not kept:
             self.gauge.add(job.lane, lost=1)
             log.warning("lease lost: the outcome was discarded", extra=self._job_extra(
@@ -237,7 +242,8 @@ class Worker:
                     self.gauge.add(job.lane, done=1)
                 return kept
             if isinstance(outcome, RetryAfter):
-                kept = queue.reschedule(conn, job, outcome.seconds, outcome.note)
+                kept = queue.reschedule(conn, job, outcome.seconds, outcome.note,
+                                        spent=outcome.attempt_spent)
                 if kept:
                     self.gauge.add(job.lane, retried=1)
                 return kept
@@ -310,7 +316,8 @@ class Worker:
         status = " ".join(f"{k}={v}" for k, v in counts.items())
         status += " due_by_lane=" + ",".join(f"{lane}:{row['due']}" for lane, row in per_lane.items())
         counts["lanes"] = per_lane
-        log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts})
+        log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts,
+                                 "rail_paused_until": self.ctx.rail_pauses()})
         self.notifier.status(status)
         return counts
 

@@ -29,7 +29,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from . import pollable, queue
+from . import misconfiguration, pollable, queue
 from .currency import CURRENCIES
 from .ids import new_id, new_rail_reference
 from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
@@ -91,8 +91,18 @@ def emit_event(conn: psycopg.Connection, type_: str, intent: dict[str, Any],
                charge: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write one event and its ``fanout:<event_id>`` job. Call inside the
     transition's transaction so that the event and its delivery are born
-    together (webhooks: fan-out)."""
+    together (webhooks: fan-out). A ``payment_intent.payment_failed`` (the
+    charge's) or ``refund.failed`` (``extra["refund"]``'s) event also says
+    ``failure_code`` and ``failure_kind`` at the top of its data:
+    ``configuration`` for ``rail_configuration_refused``, so that no webhook
+    consumer can read our misconfiguration as a payer decline
+    (``vpay.misconfiguration.failure_kind``)."""
     data = {"object": intent_view(intent), "charge": charge_view(charge), **(extra or {})}
+    failed = {"payment_intent.payment_failed": charge,
+              "refund.failed": (extra or {}).get("refund") or {}}.get(type_)
+    if failed is not None:
+        data |= {"failure_code": failed.get("failure_code"),
+                 "failure_kind": misconfiguration.failure_kind(failed.get("failure_code"))}
     with conn.cursor(row_factory=dict_row) as cur:
         event = cur.execute(Q["insert_event"], {"id": new_id("evt"), "type": type_,
                                                 "payment_intent_id": intent["id"],

@@ -227,14 +227,6 @@ def note_contradiction(conn: psycopg.Connection, p: Pollable, row: Row, rail_say
     return written
 
 
-def same_money(row: Row, answer: RailStatus) -> bool:
-    """A success settles only when the rail's amount and currency, where it
-    reports them, are the row's (minor units, ISO 4217)."""
-    if answer.currency is not None and answer.currency != row["currency"]:
-        return False
-    return answer.amount is None or answer.amount == row["amount"]
-
-
 def escalate(conn: psycopg.Connection, p: Pollable, item_id: str | None,
              horizon_seconds: float) -> list[str]:
     """At the horizon (``horizon_seconds`` after ``created_at``, 24 h by

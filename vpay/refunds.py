@@ -39,12 +39,12 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from . import money, pollable, queue, testhooks
+from . import misconfiguration, money, pollable, queue, testhooks
 from .ids import new_id, new_rail_reference
 from .outcome import Done, Outcome
 from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
 from .queries import Q
-from .rails.port import Rail, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind
+from .rails.port import Rail, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.refunds")
 
@@ -143,19 +143,37 @@ def record_poll(conn: psycopg.Connection, refund_id: str, rail_knows: bool) -> N
     pollable.record_poll(conn, REFUNDS, refund_id, rail_knows)
 
 
-def submit(conn: psycopg.Connection, rail: Rail, refund: dict[str, Any]) -> Submit:
+def submit(conn: psycopg.Connection, rail: Rail, refund: dict[str, Any], *,
+           resend: bool = False) -> Submit:
     """Send the refund request for a ``load_refund`` row (or one with
     ``charge_rail_reference`` and ``payer``) and record the answer: accepted
     → ``submitted_at``; rejected for good → the refund fails with the rail's
     reason (one ``refund.failed``); no answer → nothing: the poll job reads
     the status and re-sends on a 404. Same ``X-Reference-Id`` every time.
-    Never raises for the rail's answer."""
-    answer = rail.refund(refund_request(refund))
+    Refused for our configuration: one ``rail_misconfigured`` alert; on the
+    first send the refund fails with ``rail_configuration_refused`` (no money
+    moved), on a re-send (``resend``, the poll after a 404) it stays pending
+    on its ladder. Never raises for the rail's answer; a paused rail
+    (``RailPaused``, nothing sent) is "no answer" like any other."""
+    try:
+        answer = rail.refund(refund_request(refund))
+    except RailPaused as paused:
+        log.warning("rail paused; refund request not sent, the poll will ask and re-send",
+                    extra={"refund_id": refund["id"], "rail": paused.rail})
+        return Submit(SubmitKind.NO_ANSWER, reason="RAIL_PAUSED")
     if answer.kind is SubmitKind.ACCEPTED:
         testhooks.pause("after_refund_accepted")
         mark_submitted(conn, refund["id"])
     elif answer.kind is SubmitKind.REJECTED:
         settle_refund(conn, refund["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
+    elif answer.kind is SubmitKind.MISCONFIGURED:
+        with conn.transaction():  # the alert and the failure together, or neither
+            misconfiguration.alert(conn, refund["rail"], answer.reason, operation="refund",
+                                   http_status=answer.http_status, charge_id=refund["charge_id"],
+                                   refund_id=refund["id"], effect="kept_pending" if resend else "failed")
+            if not resend:
+                settle_refund(conn, refund["id"], StatusKind.FAILED,
+                              failure_code=misconfiguration.FAILURE_CODE)
     else:
         log.warning("refund request not confirmed; the poll will ask and re-send",
                     extra={"refund_id": refund["id"], "reason": answer.reason,
@@ -203,9 +221,10 @@ def _refund_event(conn: psycopg.Connection, refund: dict[str, Any], event_type: 
 def _resend(ctx, rail: Rail, refund: dict[str, Any]) -> Outcome | None:
     """A 404 for a refund never confirmed: the request never arrived, so it
     is sent again now, same ``X-Reference-Id``. A rejection has failed the
-    refund (``Done``); otherwise the ladder goes on."""
+    refund (``Done``); otherwise the ladder goes on (a refusal of our
+    configuration too: an earlier send's fate is unknown, ``submit``)."""
     with ctx.pool.connection() as conn:
-        sent = submit(conn, rail, refund)
+        sent = submit(conn, rail, refund, resend=True)
     if sent.kind is SubmitKind.REJECTED:
         return Done("refund rejected on re-send")
     log.info("refund re-sent after a 404", extra={"refund_id": refund["id"], "answer": sent.kind.value})

@@ -3,6 +3,7 @@ Names are the contract's "Configuration" table."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -21,6 +22,24 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     if value <= 0:
         raise ConfigError(f"{name} must be positive, got {value}")
     return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, maximum: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= maximum):
+        raise ConfigError(f"{name} must be a number of seconds above 0 and at most {maximum:g}, got {raw!r}")
+    return value
+
+
+API_RAIL_TIMEOUT_SECONDS = 3.0
+"""Default of ``VPAY_API_RAIL_TIMEOUT_SECONDS``: the longest an API request
+waits on a rail (one request-to-pay, token fetch included)."""
 
 
 RETENTION_DAYS = 90
@@ -51,15 +70,22 @@ class Settings:
     "The prompt-expiry half"; default 900). ``escalate_after_seconds``: the
     24-hour horizon from ``charges.created_at`` ("Timers assert nothing").
     ``retention_days``: ``VPAY_RETENTION_DAYS`` (default 90; 0 keeps
-    everything), what the hourly sweep prunes (``vpay.operator.prune``)."""
+    everything), what the hourly sweep prunes (``vpay.operator.prune``).
+    ``api_rail_timeout_seconds``: the total deadline of a rail call made by
+    ``vpay-server api`` (``VPAY_API_RAIL_TIMEOUT_SECONDS``, default 3, at
+    most 60); past it the create answers the intent ``processing`` and the
+    worker's resubmit finishes the submission (docs/api.md)."""
 
     prompt_ttl_seconds: int = 900
     escalate_after_seconds: int = 24 * 3600
     retention_days: int = RETENTION_DAYS
+    api_rail_timeout_seconds: float = API_RAIL_TIMEOUT_SECONDS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         """Raises ``ConfigError`` (exit 78) for a value that cannot be meant."""
         env = os.environ if environ is None else environ
         return cls(prompt_ttl_seconds=_positive_int(env, "VPAY_PROMPT_TTL_SECONDS", 900),
-                   retention_days=_retention_days(env))
+                   retention_days=_retention_days(env),
+                   api_rail_timeout_seconds=_seconds(env, "VPAY_API_RAIL_TIMEOUT_SECONDS",
+                                                     API_RAIL_TIMEOUT_SECONDS, 60.0))

@@ -59,7 +59,9 @@ def test_refund_failure_reason_reads_the_same_in_both_shapes(adapter):
     assert (status.kind, status.reason) == (StatusKind.FAILED, "REFUND_TARGET_NOT_FOUND")
 
 
-def test_a_currency_the_sandbox_refuses_is_rejected_not_unanswered(rail, adapter):
+def test_a_currency_the_sandbox_refuses_is_refused_not_unanswered(rail, adapter):
+    # issue 12: INVALID_CURRENCY is the account's configuration (design/rails.md), so MISCONFIGURED
+    # (the charge then fails as rail_configuration_refused), never NO_ANSWER
     submit = adapter.request_to_pay(charge(OK_PAYER, currency="UGX"))
-    assert (submit.kind, submit.reason, submit.http_status) == (SubmitKind.REJECTED, "INVALID_CURRENCY", 500)
+    assert (submit.kind, submit.reason, submit.http_status) == (SubmitKind.MISCONFIGURED, "INVALID_CURRENCY", 500)
     assert rail.transactions() == []

@@ -113,8 +113,9 @@ def test_refund_409_is_accepted(rsps, adapter):
 @pytest.mark.parametrize("http,code,kind", [
     (400, "BAD_REQUEST", SubmitKind.REJECTED),
     (400, None, SubmitKind.REJECTED),
-    (500, "NOT_ALLOWED", SubmitKind.REJECTED),
-    (500, "INVALID_CURRENCY", SubmitKind.REJECTED),
+    (500, "NOT_ALLOWED", SubmitKind.MISCONFIGURED),      # issue 12: our configuration, not a rejection
+    (500, "INVALID_CURRENCY", SubmitKind.MISCONFIGURED),
+    (403, None, SubmitKind.MISCONFIGURED),
     (500, "INTERNAL_PROCESSING_ERROR", SubmitKind.NO_ANSWER),
     (404, "RESOURCE_NOT_FOUND", SubmitKind.NO_ANSWER),
     (429, None, SubmitKind.NO_ANSWER),
@@ -214,7 +215,7 @@ def test_refund_status_errors_are_never_a_decline(rsps, adapter, response):
     assert not result.terminal
 
 
-def test_refund_401_drops_only_the_disbursement_token(rsps, adapter):
+def test_refund_401_renews_only_the_disbursement_token(rsps, adapter):
     add_token(rsps, COLLECTION_TOKEN, COLLECTION_TOKEN_URL)
     rsps.add(responses.GET, RTP_STATUS_URL, json={"status": "PENDING"})
     assert adapter.status(CHARGE).kind is StatusKind.PENDING
@@ -222,7 +223,7 @@ def test_refund_401_drops_only_the_disbursement_token(rsps, adapter):
     add_token(rsps, SECOND_TOKEN)
     rsps.add(responses.GET, STATUS_URL, status=401, json={"code": "UNAUTHORIZED"})
     rsps.add(responses.GET, STATUS_URL, json={"status": "PENDING"})
-    assert adapter.refund_status(REFUND).kind is StatusKind.NO_ANSWER
+    # the 401 is answered by one new token and one retry, in the same call
     assert adapter.refund_status(REFUND).kind is StatusKind.PENDING
     assert calls_to(rsps, STATUS_URL)[1].request.headers["Authorization"] == f"Bearer {SECOND_TOKEN}"
     assert len(calls_to(rsps, TOKEN_URL)) == 2

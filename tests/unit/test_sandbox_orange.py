@@ -4,6 +4,7 @@ tests built on it mean something. No database."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import uuid
@@ -163,5 +164,5 @@ def test_lost_and_failed_inits(orange, receiver):
     orange.lose_next_init_answers(504)
     assert adapter.request_to_pay(charge).http_status == 503 and orange.payments() == []
     assert adapter.request_to_pay(charge).http_status == 504 and len(orange.payments()) == 1
-    again = adapter.request_to_pay(charge)
+    again = adapter.request_to_pay(dataclasses.replace(charge, resend=True))
     assert (again.kind, again.http_status) == (SubmitKind.NO_ANSWER, 403)

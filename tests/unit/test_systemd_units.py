@@ -148,8 +148,14 @@ def test_the_two_worker_templates_differ_only_in_what_names_the_instance():
     def body(path):
         service = dict(load_unit(path)["Service"])
         service.pop("ExecStart")
+        service.pop("Environment")  # all its lines compared below
         return service
     assert body(WORKER) == body(LANES_WORKER)
+    # the one intended difference: a numbered replica's metrics port (910%i);
+    # a lane-set instance has no number to derive one from
+    numbered = environment(WORKER)
+    assert numbered.pop("VPAY_METRICS_PORT") == "910%i"
+    assert numbered == environment(LANES_WORKER)
     assert load_unit(WORKER)["Install"] == load_unit(LANES_WORKER)["Install"]
     plain = exec_start_argv(load_unit(WORKER))
     lanes = exec_start_argv(load_unit(LANES_WORKER))
@@ -258,6 +264,23 @@ def test_systemd_analyze_verify(tmp_path):
     markers = [str(tmp_path), *names, "vpay-worker@.service", "vpay-worker-lanes@.service"]
     ours = [line for line in output.splitlines() if any(m in line for m in markers)]
     assert proc.returncode == 0 and not ours, f"systemd-analyze verify (exit {proc.returncode}):\n{output}"
+
+
+def environment(path: Path) -> dict[str, str]:
+    """Every ``Environment=`` assignment of a unit: systemd accumulates the
+    lines, configparser would keep only the last."""
+    lines = [l.partition("=")[2] for l in path.read_text().splitlines() if l.startswith("Environment=")]
+    return dict(a.split("=", 1) for line in lines for a in shlex.split(line))
+
+
+def test_each_worker_replica_gets_its_own_metrics_port():
+    assignments = environment(WORKER)
+    assert assignments["VPAY_METRICS_PORT"] == "910%i"
+    for n in range(1, 10):
+        assert 1024 < int(assignments["VPAY_METRICS_PORT"].replace("%i", str(n))) < 65536
+    assert "--metrics-port" not in exec_start_argv(load_unit(WORKER))  # the flag would beat a drop-in
+    env_lines = [l for l in ENV_EXAMPLE.read_text().splitlines() if not l.startswith("#")]
+    assert not any(l.startswith("VPAY_METRICS_PORT") for l in env_lines)  # one port for every replica
 
 
 @pytest.mark.skipif(shutil.which("systemd-escape") is None, reason="systemd-escape not installed")

@@ -39,9 +39,12 @@ class ApiServer(BaseApplication):
     (``bind``, ``workers``, ``threads``, ...). Blocks until the arbiter
     stops; exits the process like gunicorn does."""
 
-    def __init__(self, app_factory: Callable[[], falcon.App], options: dict[str, Any]):
+    def __init__(self, app_factory: Callable[[], falcon.App], options: dict[str, Any],
+                 metrics: bool = False):
         self.app_factory = app_factory
         self.options = options
+        # GET /metrics across the workers (vpay.api.exposition); needs prepare() first.
+        self.metrics = metrics
         self.app: falcon.App | None = None
         super().__init__(prog="vpay-server api")
 
@@ -56,11 +59,17 @@ class ApiServer(BaseApplication):
             "when_ready": _when_ready,
             "worker_exit": self._worker_exit,
         }
+        if self.metrics:
+            from .exposition import child_exit
+            defaults["child_exit"] = child_exit
         for key, value in (defaults | self.options).items():
             self.cfg.set(key, value)
 
-    def load(self) -> falcon.App:
+    def load(self):
         self.app = self.app_factory()
+        if self.metrics:
+            from .exposition import with_metrics
+            return with_metrics(self.app)
         return self.app
 
     def _worker_exit(self, server, worker) -> None:

@@ -31,13 +31,15 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     422 payment_method_unavailable. The database is not contacted at start: /healthz answers 503 until it
     is reachable."""
     from .. import logs
+    logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
+    from ..api.exposition import prepare
+    prepare()  # before anything imports prometheus_client: GET /metrics sums every worker
     from ..rails import KNOWN_RAILS, build_rail
     from ..rails.port import RailError
     from ..settings import ConfigError, Settings
     from ..api.app import POOL_MAX, create_app
     from ..api.server import ApiServer
 
-    logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
     if not 1 <= threads <= POOL_MAX or workers < 1 or timeout < 1:
         refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers and --timeout >= 1")
     try:
@@ -59,10 +61,18 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
         log.warning("VPAY_MTN_CALLBACK_URL is not set: MoMo will send no callbacks "
                     "(payments still settle through the worker's polls)")
     url, _ = open_db()  # a URL only: each worker makes its own pool after the fork
+    # At most half the threads of a process wait on a rail at once, each for
+    # at most VPAY_API_RAIL_TIMEOUT_SECONDS: /healthz, callbacks and reads
+    # always find a thread, however the rail behaves (docs/api.md).
+    slots = max(1, threads // 2)
+
+    def rail_for(code):
+        return build_rail(code, total_timeout=settings.api_rail_timeout_seconds)
 
     def app_factory():
-        return create_app(url, build_rail, settings)
+        return create_app(url, rail_for, settings, submit_slots=slots)
 
     ApiServer(app_factory, {"bind": [bind], "workers": workers, "threads": threads,
                             "timeout": timeout,
-                            "loglevel": logging.getLevelName(logging.getLogger().level).lower()}).run()
+                            "loglevel": logging.getLevelName(logging.getLogger().level).lower()},
+              metrics=True).run()

@@ -6,6 +6,14 @@ and ``show`` printed ``charges`` before 0.5; both keys are kept so either
 reader works. ``show`` adds ``events``, and on each charge its ``poll`` job
 (next read, attempts, lane, last error; None once the poll has ended) and
 its ``open_alerts``.
+
+``create`` exits 0 once the rail holds the request (or declined it, or did
+not answer: the worker carries on), 1 for a refusal by the data, 2 for bad
+input, and 78 (EX_CONFIG) with one line when the rail refused OUR
+configuration (wrong credentials, callback host, target environment,
+currency setup): the payment is printed, failed with
+``rail_configuration_refused``, and a ``rail_misconfigured`` alert is open.
+Nothing is re-sent: wrong credentials fail fast, they do not loop.
 """
 
 from __future__ import annotations
@@ -45,17 +53,30 @@ def payments_create(merchant, amount, currency, rail, payer, description) -> Non
     url, _ = open_db()
     pool = make_pool(url, max_size=2)
     try:
-        result = create_and_submit(pool, build_rail, merchant_id=merchant, amount=amount,
-                                   currency=currency, rail=rail, payer=payer,
-                                   description=description,
-                                   prompt_ttl_seconds=settings.prompt_ttl_seconds)
-    except InvalidPayment as exc:
-        raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
-    except RailError as exc:
-        refuse(str(exc))
+        try:
+            result = create_and_submit(pool, build_rail, merchant_id=merchant, amount=amount,
+                                       currency=currency, rail=rail, payer=payer,
+                                       description=description,
+                                       prompt_ttl_seconds=settings.prompt_ttl_seconds)
+        except InvalidPayment as exc:
+            raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
+        except RailError as exc:
+            refuse(str(exc))
+        click.echo(json.dumps(result | {"charges": [result["charge"]]}, indent=2))
+        _refuse_if_misconfigured(pool, rail, result["charge"], result["payment_intent"]["id"])
     finally:
         pool.close()
-    click.echo(json.dumps(result | {"charges": [result["charge"]]}, indent=2))
+
+
+def _refuse_if_misconfigured(pool, rail: str, charge: dict, intent_id: str) -> None:
+    from ..misconfiguration import FAILURE_CODE, open_codes
+    if charge["failure_code"] != FAILURE_CODE:
+        return
+    with pool.connection() as conn:
+        codes = open_codes(conn, rail)
+    refuse(f"rail {rail} refused our configuration ({', '.join(codes) or 'see the log'}); payment "
+           f"{intent_id} failed with {FAILURE_CODE}, not sent to the payer: fix the VPAY_{rail.upper()}_* "
+           f"settings (rail_misconfigured alert)")
 
 
 @payments.command("show")

@@ -5,7 +5,9 @@ its poll job in one transaction, asks the rail, and prints ``{"refund": …}``
 (the worker settles it later). ``show re_…`` prints the refund, its charge and
 its events. Output is JSON on stdout (logs go to stderr). Exit codes: 0 done,
 1 unknown charge or refund, 2 a refund that may not be made (charge not
-succeeded, amount above what is left, bad input), 78 configuration refused.
+succeeded, amount above what is left, bad input), 78 configuration refused
+(also, after printing it, when the rail refused OUR configuration and the
+refund failed with ``rail_configuration_refused``).
 ``create`` is not idempotent: run twice, it makes two refunds (bounded by
 what the charge has left).
 """
@@ -37,22 +39,31 @@ def refunds() -> None:
 def create(charge_id: str, amount: int | None, reason: str | None) -> None:
     """Refund a succeeded charge; print {refund}. The worker settles it."""
     from ..db import make_pool
+    from ..misconfiguration import FAILURE_CODE, open_codes
     from ..rails import build_rail
     from ..rails.port import RailError
     from ..refunds import InvalidRefund, create_and_submit
     pool = make_pool(_url(), max_size=2)
     try:
-        result = create_and_submit(pool, build_rail, charge_id=charge_id, amount=amount, reason=reason)
-    except InvalidRefund as exc:
-        if exc.code == "charge_not_found":
-            click.echo(f"vpay: {exc}", err=True)
-            sys.exit(1)
-        raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
-    except RailError as exc:
-        refuse(str(exc))
+        try:
+            result = create_and_submit(pool, build_rail, charge_id=charge_id, amount=amount, reason=reason)
+        except InvalidRefund as exc:
+            if exc.code == "charge_not_found":
+                click.echo(f"vpay: {exc}", err=True)
+                sys.exit(1)
+            raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
+        except RailError as exc:
+            refuse(str(exc))
+        click.echo(json.dumps(result, indent=2))
+        refund = result["refund"]
+        if refund["failure_code"] == FAILURE_CODE:
+            with pool.connection() as conn:
+                codes = open_codes(conn, refund["rail"])
+            refuse(f"rail {refund['rail']} refused our configuration ({', '.join(codes) or 'see the log'}); "
+                   f"refund {refund['id']} failed with {FAILURE_CODE}, no money moved: fix the "
+                   f"VPAY_{refund['rail'].upper()}_* settings (rail_misconfigured alert)")
     finally:
         pool.close()
-    click.echo(json.dumps(result, indent=2))
 
 
 @refunds.command("show")

@@ -37,11 +37,16 @@ log = logging.getLogger("vpay.cli")
               help="Exact claim loops for some lanes, within --worker-concurrency; the other lanes "
                    "share the rest [env VPAY_WORKER_LANE_CONCURRENCY; default split: "
                    "docs/flows/reconciler.md, Lanes].")
+@click.option("--metrics-port", type=int, default=None, envvar="VPAY_METRICS_PORT",
+              help="Serve Prometheus metrics on this port (/metrics) [default: off; env VPAY_METRICS_PORT].")
+@click.option("--metrics-bind", default="127.0.0.1", show_default=True, envvar="VPAY_METRICS_BIND",
+              help="Address the metrics port listens on [env VPAY_METRICS_BIND].")
 @log_level_option
 @click.pass_context
 def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: float,
            lease_seconds: float, idle_sleep: float, worker_id: str | None, queues: str | None,
-           lane_concurrency: str | None, level: str | None) -> None:
+           lane_concurrency: str | None, metrics_port: int | None, metrics_bind: str,
+           level: str | None) -> None:
     """The reconciler worker: claims jobs, polls rails, drains on SIGTERM.
 
     Its --worker-concurrency claim loops are split among the lanes it serves
@@ -91,6 +96,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     if not rails:
         log.warning("no rail is configured (VPAY_MTN_*, VPAY_ORANGE_*): payment jobs will wait")
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    collector = _serve_metrics(metrics_port, metrics_bind)
     from psycopg_pool import PoolTimeout
     try:
         _, pool = open_db(pool_size=MAX_CONNECTIONS)
@@ -98,6 +104,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         # Not a drain (1) and not a refused configuration (78): systemd retries.
         log.error("database unreachable at boot", extra={"error": str(exc)[:300]})
         sys.exit(EX_UNAVAILABLE)
+    if collector is not None:
+        collector.pool = pool
     handler_ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
     config = WorkerConfig(worker_id=wid, concurrency=worker_concurrency,
                           shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,
@@ -116,3 +124,22 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         os._exit(drain.value)
     pool.close()
     sys.exit(drain.value)
+
+
+def _serve_metrics(port: int | None, bind: str):
+    """Start the metrics server (``vpay.metrics.serve``) before the pool, so a
+    port that cannot be had refuses the boot (78) without touching the
+    database. Answers the database collector to attach the pool to, or
+    ``None`` when metrics are off."""
+    if port is None:
+        return None
+    if not 1 <= port <= 65535:
+        refuse(f"--metrics-port {port} is not a TCP port (1..65535)")
+    from .. import metrics
+    collector = metrics.DatabaseCollector(lanes=metrics.LANES)
+    try:
+        metrics.serve(port, bind, collector)
+    except OSError as exc:
+        refuse(f"cannot serve metrics on {bind}:{port}: {exc.strerror or exc}")
+    log.info("metrics served", extra={"metrics_url": f"http://{bind}:{port}/metrics"})
+    return collector

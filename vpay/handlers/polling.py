@@ -11,9 +11,18 @@ run of ``poll_once``:
   one verification read, stamped; the opposite terminal answer raises a
   ``rail_contradiction`` alert (``where`` = the job kind) and changes
   nothing; anything else, a stale PENDING included, changes nothing → ``Done``.
-* A SUCCEEDED answer for another amount or currency settles nothing: one
-  ``rail_contradiction`` alert (``where: amount_mismatch``), and the row
-  keeps its ladder and its 24-hour escalation.
+* A terminal answer that does not agree with the row settles nothing: one
+  ``rail_contradiction`` alert, and the row keeps its ladder and its 24-hour
+  escalation. Disagreeing is another amount or currency (``where:
+  amount_mismatch``) or, since unreadable is not unreported, any field the
+  rail sent but we cannot read (``where: unreadable_answer``;
+  ``RailStatus.disagreement``).
+* Configuration is not a decline (docs/flows/reconciler.md, "Configuration
+  is not a decline"): a status read refused for our configuration
+  (MISCONFIGURED) says nothing about the payer, so the row stays on its
+  ladder, with one ``rail_misconfigured`` alert per rail and code; a FAILED
+  whose reason blames our configuration ends the row as
+  ``rail_configuration_refused``, with the alert, in one transaction.
 * Terminal answer → ``pollable.settle`` (one event) → ``Done``.
 * NOT_FOUND for a row the rail never confirmed (``submitted_at`` NULL): the
   request never arrived, so the operation's ``resend`` acts (a charge
@@ -30,10 +39,10 @@ from __future__ import annotations
 
 import logging
 
-from .. import testhooks
+from .. import misconfiguration, testhooks
 from ..outcome import DeadLetter, Done, Outcome, RetryAfter
 from ..pollable import (RAIL_KNOWS, SETTLED, UNRESOLVED_EVERY, Pollable, escalate, final_status,
-                        note_contradiction, poll_delay, record_poll, same_money, settle)
+                        note_contradiction, poll_delay, record_poll, settle)
 from ..queue import Job
 from ..rails.port import RailStatus, StatusKind
 from .registry import REGISTRY, Context, Handler
@@ -57,20 +66,28 @@ def poll_once(p: Pollable, job: Job, ctx: Context) -> Outcome:
         # Stamped even for a settled row, so the callback route's 10 s rule
         # also spaces verification reads.
         record_poll(conn, p, row["id"], answer.kind in RAIL_KNOWS)
+        if answer.kind is StatusKind.MISCONFIGURED:
+            _misconfigured(conn, p, row, answer, "none" if row["status"] in SETTLED else "kept_pending")
         if row["status"] in SETTLED:
             theirs = final_status(answer.kind) if answer.terminal else None
             if theirs is not None and theirs != row["status"]:
                 note_contradiction(conn, p, row, theirs, answer.reason, where=p.kind)
             return Done()
-        if answer.kind is StatusKind.SUCCEEDED and not same_money(row, answer):
-            # Money moved, but not this row's money: a human reconciles it.
-            note_contradiction(conn, p, row, "succeeded_other_amount",
-                               f"{answer.amount} {answer.currency}", where="amount_mismatch")
+        why = answer.disagreement(row["amount"], row["currency"])
+        if why:
+            # Not this row's money, or not readable as it: a human reconciles it.
+            rail_says, rail_reason, where = contradiction_details(answer, why)
+            note_contradiction(conn, p, row, rail_says, rail_reason, where=where)
         elif answer.terminal:
             before, after = p.kill_points
             testhooks.pause(before)
-            settle(conn, p, row["id"], answer.kind, failure_code=answer.reason,
-                   rail_transaction_id=answer.financial_transaction_id)
+            if answer.configuration:
+                with conn.transaction():  # the alert and the failure together, or neither
+                    _misconfigured(conn, p, row, answer, "failed")
+                    settle(conn, p, row["id"], answer.kind, failure_code=misconfiguration.FAILURE_CODE)
+            else:
+                settle(conn, p, row["id"], answer.kind, failure_code=answer.reason,
+                       rail_transaction_id=answer.financial_transaction_id)
             testhooks.pause(after)
             return Done()
 
@@ -80,6 +97,27 @@ def poll_once(p: Pollable, job: Job, ctx: Context) -> Outcome:
             return ended
     with ctx.pool.connection() as conn:
         return next_rung(conn, p, ctx, job, row, answer)
+
+
+def contradiction_details(answer: RailStatus, why: str) -> tuple[str, str, str]:
+    """``(rail_says, rail_reason, where)`` of the contradiction alert for a
+    terminal answer that disagrees (``RailStatus.disagreement`` → ``why``):
+    ``succeeded_other_amount`` (or ``failed_…``) with ``"<minor units>
+    <currency>"`` and ``where: amount_mismatch``; or ``succeeded_unreadable``
+    / ``failed_unreadable`` with the unreadable field names and ``where:
+    unreadable_answer``. One open alert per row and ``rail_says``
+    (sql/0007_one_open_contradiction.sql)."""
+    said = answer.kind.value
+    if why == "unreadable":
+        return f"{said}_unreadable", ",".join(answer.unreadable), "unreadable_answer"
+    return f"{said}_other_amount", f"{answer.amount} {answer.currency}", "amount_mismatch"
+
+
+def _misconfigured(conn, p: Pollable, row: dict, answer: RailStatus, effect: str) -> None:
+    refs = p.alert_refs(row)
+    misconfiguration.alert(conn, row["rail"], answer.reason, operation=f"{p.noun}_status",
+                           http_status=answer.http_status, charge_id=refs.get("charge_id"),
+                           refund_id=refs.get("refund_id"), effect=effect)
 
 
 def next_rung(conn, p: Pollable, ctx: Context, job: Job, row: dict, answer: RailStatus) -> RetryAfter:

@@ -7,11 +7,17 @@ TTL runs, this job re-sends it with the same ``X-Reference-Id`` (MoMo answers
 sending and asks the rail instead: a reference the rail still does not know
 fails the charge with ``failure_code = 'not_submitted'`` (one event); one it
 knows is left to the poll job.
+
+Refused for our configuration (docs/flows/reconciler.md, "Configuration is
+not a decline"): a re-send or a status read refused that way leaves the
+charge pending with one ``rail_misconfigured`` alert, and this job ends
+instead of looping: the poll keeps reading, and once the configuration is
+fixed a 404 from the rail enqueues this job again.
 """
 
 from __future__ import annotations
 
-from .. import money
+from .. import misconfiguration, money
 from ..outcome import Done, RetryAfter
 from ..payments import resubmit_delay, submit
 from ..rails.port import StatusKind, SubmitKind
@@ -30,9 +36,11 @@ def resubmit(job, ctx):
     rail = ctx.rail(charge["rail"])
     if charge["age_seconds"] < ctx.settings.prompt_ttl_seconds:
         with ctx.pool.connection() as conn:
-            answer = submit(conn, rail, charge, schedule_resubmit=False)
+            answer = submit(conn, rail, charge, schedule_resubmit=False, resend=True)
         if answer.kind is SubmitKind.NO_ANSWER:
             return RetryAfter(resubmit_delay(job.attempts + 1), f"request-to-pay: {answer.reason}")
+        if answer.kind is SubmitKind.MISCONFIGURED:
+            return Done(f"request-to-pay refused for our configuration ({answer.reason}); the poll carries on")
         return Done()
     # The prompt is over: a re-send would ask the payer about a stale prompt.
     status = rail.status(money.charge_request(charge))
@@ -42,6 +50,11 @@ def resubmit(job, ctx):
             return Done()
         if status.kind is StatusKind.NO_ANSWER:
             return RetryAfter(resubmit_delay(job.attempts + 1), f"status: {status.detail}")
+        if status.kind is StatusKind.MISCONFIGURED:
+            misconfiguration.alert(conn, charge["rail"], status.reason, operation="charge_status",
+                                   http_status=status.http_status, charge_id=charge_id,
+                                   effect="kept_pending")
+            return Done(f"status read refused for our configuration ({status.reason}); the poll carries on")
         money.record_poll(conn, charge_id, rail_knows=True)
     return Done("the rail knows it; the poll job carries on")
 

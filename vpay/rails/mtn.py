@@ -25,12 +25,32 @@ Shape of the adapter:
 * ``request_to_pay``, ``status``, ``refund`` and ``refund_status`` never raise for anything the rail (or the
   network) does: every answer becomes a ``Submit`` / ``RailStatus`` value, and
   anything we cannot read is ``NO_ANSWER``, never a decline.
-* Every HTTP exchange has explicit (connect, read) timeouts and at most
-  ``MAX_ATTEMPTS`` attempts, so one call is bounded in time (see
-  ``MtnMomo.__init__``).
+* Every call (token fetch, transport retries and a 401's one retry included)
+  runs under one total deadline (``vpay.http_deadline.Deadline``,
+  ``VPAY_MTN_TOTAL_TIMEOUT_SECONDS``, default 20 s), however the rail
+  trickles; each HTTP exchange also has (connect, read) timeouts and at most
+  ``MAX_ATTEMPTS`` attempts (see ``MtnMomo.__init__``).
+* A 401 on an operation (token revoked early) drops the token, fetches a new
+  one and retries once, within the same call (design/rails.md).
+* Backpressure: a 429 or 503 with ``Retry-After`` closes the adapter's
+  ``RailGate`` for that long (capped, ``VPAY_MTN_MAX_PAUSE_SECONDS``); every
+  call then raises ``RailPaused`` without sending anything until it opens.
 * Credentials and the access token live only in private attributes and in
   request headers; they are never logged and never put in an exception or a
   ``detail`` text.
+* Unreadable is not unreported: a status field that is present but not of
+  MoMo's documented shape is listed in ``RailStatus.unreadable`` and never
+  read as agreement (``_status_from_body`` has the rule per field).
+* Configuration is not a decline: an answer that blames our credentials,
+  callback host, target environment, currency setup or subscription
+  (``CONFIGURATION_CODES``, a token-endpoint 401, any 403) is MISCONFIGURED,
+  never REJECTED or FAILED; a FAILED status whose reason blames it carries
+  ``configuration=True``. The adapter only classifies; what the payment does
+  then is the caller's (docs/flows/reconciler.md, "Configuration is not a
+  decline"). A 401 on an API call with a cached token is NO_ANSWER (the token
+  is dropped and the next call fetches a fresh one); only a 401 on a token
+  fetched for that very call (``fresh_token=True``, the refresh-and-retry)
+  or on the token endpoint itself is MISCONFIGURED.
 """
 
 from __future__ import annotations
@@ -56,12 +76,17 @@ from tenacity import (
     wait_chain,
     wait_fixed,
 )
+from tenacity.stop import stop_base
+
+from ..http_deadline import Deadline, new_session, parse_retry_after
+from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 
 from vpay.rails.port import (
     CallbackIds,
     ChargeRequest,
     MalformedCallback,
     RailError,
+    RailPaused,
     RailStatus,
     RefundRequest,
     StatusKind,
@@ -71,6 +96,7 @@ from vpay.rails.port import (
 )
 
 from ..currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
+from ..metrics import rail_call
 
 log = logging.getLogger("vpay.rails.mtn")
 
@@ -80,15 +106,38 @@ log = logging.getLogger("vpay.rails.mtn")
 
 # --- Rail vocabulary -------------------------------------------------------
 
-# Request-to-pay error codes that mean "refused for good": resending the same
-# request cannot succeed. Any other error is NO_ANSWER (we do not know).
+# Request-to-pay error codes that mean "refused for good" because of the
+# payment itself: resending the same request cannot succeed. Any other error is
+# NO_ANSWER (we do not know), or MISCONFIGURED (below).
 REJECTING_CODES = frozenset({
+    "PAYEE_NOT_ALLOWED_TO_RECEIVE",
+    "PAYER_NOT_FOUND",
+})
+
+# Error codes that blame OUR configuration, never the payer (design/rails.md,
+# "Rail errors that mean *our* configuration is wrong"; MoMo's common-errors
+# table, momodeveloper.mtn.com "Common Error Codes"): the callback host is not
+# the one registered for the API user, the X-Target-Environment is wrong, the
+# account does not take the currency, the subscription lacks the product. On
+# any call (token, create, status) they are MISCONFIGURED; so are a 401 from
+# the token endpoint (fresh credentials refused: API user, API key or
+# subscription key wrong) and any 403.
+CONFIGURATION_CODES = frozenset({
+    "INVALID_CALLBACK_URL_HOST",
+    "NOT_ALLOWED_TARGET_ENVIRONMENT",
     "INVALID_CURRENCY",
     "NOT_ALLOWED",
-    "PAYEE_NOT_ALLOWED_TO_RECEIVE",
-    "NOT_ALLOWED_TARGET_ENVIRONMENT",
+})
+
+# FAILED reasons of a status read that blame our configuration (the sandbox
+# payers 46733123458/459/460): the transaction ended, and no payer was asked
+# for money, so the charge may end, but as ``configuration`` and never as a
+# payer decline. FAILED/NOT_ALLOWED (payer 457) stays a decline: as a reason
+# on a transaction MoMo uses it for the payer's account.
+CONFIGURATION_FAILURE_REASONS = frozenset({
     "INVALID_CALLBACK_URL_HOST",
-    "PAYER_NOT_FOUND",
+    "NOT_ALLOWED_TARGET_ENVIRONMENT",
+    "INVALID_CURRENCY",
 })
 
 # FAILED reasons that are not final in spirit (design/rails.md): the payer may
@@ -97,7 +146,8 @@ NOT_FINAL_FAILURE_REASONS = frozenset({"ONGOING", "PAYER_DELAYED"})
 
 MESSAGE_MAX_CHARS = 160         # payerMessage / payeeNote limit (MoMo)
 _HINT_MAX_CHARS = 128           # identifiers copied from a callback body, for logs
-_CODE_MAX_CHARS = 64            # error/reason codes copied from a rail body
+_CODE_MAX_CHARS = 64            # error/reason codes copied from a rail body; a longer one is unreadable
+_ID_MAX_CHARS = 128             # a longer financialTransactionId is unreadable, never truncated
 
 # Transport retries inside one call: attempts, waits between them (seconds),
 # and a budget after which no new attempt starts (seconds).
@@ -105,6 +155,13 @@ MAX_ATTEMPTS = 3
 RETRY_WAITS = (0.2, 0.5)
 RETRY_BUDGET_SECONDS = 15.0
 _RETRIED_HTTP_STATUSES = frozenset({502, 503, 504})
+_BACKPRESSURE_STATUSES = frozenset({429, 503})  # with Retry-After: the rail asks for less traffic
+
+DEFAULT_TOTAL_TIMEOUT_SECONDS = 20.0
+"""One call's whole time (``VPAY_MTN_TOTAL_TIMEOUT_SECONDS``): token fetch,
+connects, every byte of every answer, retries and their waits."""
+_ENV_TOTAL_TIMEOUT = "VPAY_MTN_TOTAL_TIMEOUT_SECONDS"
+_ENV_MAX_PAUSE = "VPAY_MTN_MAX_PAUSE_SECONDS"
 
 # A cached token is dropped this many seconds before MoMo says it expires, so
 # that a request sent just before expiry does not arrive with a dead token.
@@ -139,13 +196,24 @@ DISBURSEMENT = "disbursement"
 class _NoAnswer(Exception):
     """Internal: the exchange gave nothing we can act on. Carries only short,
     credential-free texts; turned into a NO_ANSWER value before leaving the
-    adapter."""
+    adapter, or MISCONFIGURED when ``misconfigured`` (the token endpoint
+    refused our credentials)."""
 
-    def __init__(self, reason: str, detail: str, http_status: int | None = None):
+    def __init__(self, reason: str, detail: str, http_status: int | None = None,
+                 misconfigured: bool = False):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
         self.http_status = http_status
+        self.misconfigured = misconfigured
+
+    def submit(self) -> Submit:
+        kind = SubmitKind.MISCONFIGURED if self.misconfigured else SubmitKind.NO_ANSWER
+        return Submit(kind, reason=self.reason, http_status=self.http_status)
+
+    def status(self) -> RailStatus:
+        kind = StatusKind.MISCONFIGURED if self.misconfigured else StatusKind.NO_ANSWER
+        return RailStatus(kind, reason=self.reason, http_status=self.http_status, detail=self.detail)
 
 
 class _Product:
@@ -197,6 +265,8 @@ class MtnMomo:
         disbursement_subscription_key: str | None = None,
         disbursement_api_user: str | None = None,
         disbursement_api_key: str | None = None,
+        total_timeout: float = DEFAULT_TOTAL_TIMEOUT_SECONDS,
+        max_pause: float = DEFAULT_MAX_PAUSE_SECONDS,
     ) -> None:
         """Build the adapter from explicit settings.
 
@@ -207,11 +277,16 @@ class MtnMomo:
         callback route, sent as ``X-Callback-Url`` with ``ref=<rail_reference>``
         appended. Timeouts are in seconds and apply to every request.
 
-        Time bound of one call: each HTTP exchange makes at most
-        ``MAX_ATTEMPTS`` attempts, each bounded by the two timeouts, with
-        ``RETRY_WAITS`` between them, and starts no new attempt once
-        ``RETRY_BUDGET_SECONDS`` have passed; a call makes at most two
-        exchanges (token, then the operation).
+        Time bound of one call: ``total_timeout`` seconds, whatever the rail
+        does (``vpay.http_deadline``: the sockets are shut when it passes and
+        the call answers NO_ANSWER ``TIMEOUT``). Within it, each HTTP exchange
+        makes at most ``MAX_ATTEMPTS`` attempts, each bounded by the two
+        timeouts, with ``RETRY_WAITS`` between them, and starts no new
+        attempt once ``RETRY_BUDGET_SECONDS`` have passed; a call makes at
+        most four exchanges (token, the operation, and after a 401 a new
+        token and the operation once more).
+
+        ``max_pause`` caps the pause one ``Retry-After`` imposes (seconds).
 
         ``clock`` (monotonic seconds) and ``sleep`` exist for tests: the token
         cache reads ``clock``; retry waits go through ``sleep``.
@@ -240,6 +315,8 @@ class MtnMomo:
         self.target_environment = target_environment
         self.callback_url = callback_url or None
         self.timeout = (connect_timeout, read_timeout)
+        self.total_timeout = float(total_timeout)
+        self.gate = RailGate(self.code, max_pause)
         self._collection = _Product(COLLECTION, subscription_key, api_user, api_key)
         self._disbursement = _Product(
             DISBURSEMENT,
@@ -247,7 +324,7 @@ class MtnMomo:
             disbursement_api_user or api_user,
             disbursement_api_key or api_key,
         )
-        self._session = session or requests.Session()
+        self._session = session or new_session()
         self._clock = clock
         self._sleep = sleep
 
@@ -259,14 +336,18 @@ class MtnMomo:
         ``VPAY_MTN_API_USER``, ``VPAY_MTN_API_KEY`` (all required),
         ``VPAY_MTN_TARGET_ENVIRONMENT`` (default ``sandbox``) and
         ``VPAY_MTN_CALLBACK_URL`` (optional), ``VPAY_MTN_CONNECT_TIMEOUT_SECONDS``
-        and ``VPAY_MTN_READ_TIMEOUT_SECONDS`` (optional, seconds), and the
+        and ``VPAY_MTN_READ_TIMEOUT_SECONDS`` (optional, seconds),
+        ``VPAY_MTN_TOTAL_TIMEOUT_SECONDS`` (one call's whole time, default 20,
+        at most 600) and ``VPAY_MTN_MAX_PAUSE_SECONDS`` (the longest
+        backpressure pause, default 300, at most 3600), and the
         Disbursement product's ``VPAY_MTN_DISBURSEMENT_SUBSCRIPTION_KEY``,
         ``VPAY_MTN_DISBURSEMENT_API_USER``, ``VPAY_MTN_DISBURSEMENT_API_KEY``
         (optional, each falling back to its Collection twin). ``kwargs`` go
         to the constructor (timeouts, session, clock, sleep) and win.
 
         Raises ``RailError`` naming every missing or empty required variable
-        (names only, never values).
+        (names only, never values), or a timeout that is not a number of
+        seconds in range.
         """
         names = (_ENV_BASE_URL, _ENV_SUBSCRIPTION_KEY, _ENV_API_USER, _ENV_API_KEY)
         missing = [name for name in names if not environ.get(name)]
@@ -275,10 +356,14 @@ class MtnMomo:
                 "MTN MoMo adapter: missing environment variable(s): " + ", ".join(missing)
             )
         for name, key in (("VPAY_MTN_CONNECT_TIMEOUT_SECONDS", "connect_timeout"),
-                          ("VPAY_MTN_READ_TIMEOUT_SECONDS", "read_timeout")):
+                          ("VPAY_MTN_READ_TIMEOUT_SECONDS", "read_timeout"),
+                          (_ENV_TOTAL_TIMEOUT, "total_timeout")):
             value = seconds_setting(environ, name)
             if value is not None and key not in kwargs:
                 kwargs[key] = value
+        pause = seconds_setting(environ, _ENV_MAX_PAUSE, maximum=3600.0)
+        if pause is not None and "max_pause" not in kwargs:
+            kwargs["max_pause"] = pause
         for key, name in _ENV_DISBURSEMENT.items():
             if key not in kwargs and environ.get(name):
                 kwargs[key] = environ[name]
@@ -298,6 +383,7 @@ class MtnMomo:
 
     # --- Rail: request-to-pay ----------------------------------------------
 
+    @rail_call("request_to_pay")
     def request_to_pay(self, charge: ChargeRequest) -> Submit:
         """Ask the payer to pay: ``POST {base}/collection/v1_0/requesttopay``.
 
@@ -308,12 +394,15 @@ class MtnMomo:
         Mapping (MoMo Collection API, RequesttoPay; design/rails.md):
 
         * 202 → ACCEPTED; 409 → ACCEPTED (reason ``RESOURCE_ALREADY_EXIST``).
+        * a body code in ``CONFIGURATION_CODES`` (any HTTP status), any 403,
+          or the token endpoint refusing our credentials (401) →
+          MISCONFIGURED with the rail's code (``HTTP_403`` etc. when none).
         * 400 or 500 whose body code is in ``REJECTING_CODES`` → REJECTED with
           that code; any other 400 → REJECTED with its code (or
           ``BAD_REQUEST``): MoMo refused the request itself, resending it
           unchanged cannot help.
-        * 401 (token dropped), other 5xx, other statuses, timeouts, connection
-          errors → NO_ANSWER with a short reason.
+        * 401 with a cached token (token dropped), other 5xx, other statuses,
+          timeouts, connection errors → NO_ANSWER with a short reason.
 
         Never raises for the rail's answers. Raises ``TypeError`` /
         ``ValueError`` only for an invalid ``charge.amount`` (our bug, found
@@ -322,18 +411,16 @@ class MtnMomo:
         body = self._request_to_pay_body(charge)
         product = self._collection
         try:
-            token = self._access_token(product)
-            response = self._exchange(
-                "POST",
-                f"{self.base_url}/collection/v1_0/requesttopay",
-                headers=self._request_to_pay_headers(token, charge.rail_reference),
+            response, token, fresh = self._call(
+                product, "POST", f"{self.base_url}/collection/v1_0/requesttopay",
+                headers=lambda token: self._request_to_pay_headers(token, charge.rail_reference),
                 json_body=body,
             )
         except _NoAnswer as no:
             self._log_no_answer("request_to_pay", "charge", charge.charge_id, charge.rail_reference, no)
-            return Submit(SubmitKind.NO_ANSWER, reason=no.reason, http_status=no.http_status)
+            return no.submit()
 
-        submit = self._submit_from_response(response, product, token)
+        submit = self._submit_from_response(response, product, token, fresh_token=fresh)
         log.info(
             "mtn request_to_pay charge=%s reference=%s -> %s (http %s, reason %s)",
             charge.charge_id, charge.rail_reference, submit.kind.value,
@@ -361,9 +448,11 @@ class MtnMomo:
         return headers
 
     def _submit_from_response(self, response: requests.Response, product: _Product,
-                              token: str) -> Submit:
+                              token: str, *, fresh_token: bool = False) -> Submit:
         """The port's ``Submit`` for a create call of either product
-        (request-to-pay, refund): see ``request_to_pay`` for the mapping."""
+        (request-to-pay, refund): see ``request_to_pay`` for the mapping.
+        ``fresh_token``: the token was fetched for this very call (the retry
+        after a 401), so a 401 now refuses our credentials, not a stale token."""
         http = response.status_code
         code = _error_code(response)
         if http == 202:
@@ -371,6 +460,9 @@ class MtnMomo:
         if http == 409:
             # Our reference already exists at MoMo: an earlier send got there.
             return Submit(SubmitKind.ACCEPTED, reason=code or "RESOURCE_ALREADY_EXIST", http_status=http)
+        if _blames_configuration(http, code, fresh_token):
+            self._log_misconfigured(product, http, code)
+            return Submit(SubmitKind.MISCONFIGURED, reason=code or f"HTTP_{http}", http_status=http)
         if http in (400, 500) and code in REJECTING_CODES:
             return Submit(SubmitKind.REJECTED, reason=code, http_status=http)
         if http == 400:
@@ -380,8 +472,14 @@ class MtnMomo:
             return Submit(SubmitKind.NO_ANSWER, reason=code or "UNAUTHORIZED", http_status=http)
         return Submit(SubmitKind.NO_ANSWER, reason=code or f"HTTP_{http}", http_status=http)
 
+    def _log_misconfigured(self, product: _Product, http: int, code: str | None) -> None:
+        log.error("mtn %s refused our configuration (HTTP %s, code %s): an operator must fix the "
+                  "VPAY_MTN_* settings or the MoMo account; never a payer decline",
+                  product.name, http, code)
+
     # --- Rail: status ------------------------------------------------------
 
+    @rail_call("status")
     def status(self, charge: ChargeRequest) -> RailStatus:
         """The authenticated status query:
         ``GET {base}/collection/v1_0/requesttopay/{rail_reference}``.
@@ -390,38 +488,42 @@ class MtnMomo:
         design/rails.md):
 
         * 200 ``PENDING`` → PENDING; ``SUCCESSFUL`` → SUCCEEDED with
-          ``financialTransactionId``; ``FAILED`` → FAILED with ``reason``,
+          ``financialTransactionId``, ``amount`` (minor units) and
+          ``currency``; ``FAILED`` → FAILED with ``reason``,
           except reasons ``ONGOING`` and ``PAYER_DELAYED`` → PENDING (not final
           in spirit). ``reason`` may be ``"CODE"`` or ``{"code", "message"}``;
-          both become the code string.
+          both become the code string. Fields present but unreadable are
+          listed in ``unreadable`` (rules: ``_status_from_body``).
         * 404 → NOT_FOUND.
-        * 401 (token dropped), 5xx, other statuses, timeouts, connection
-          errors, a non-JSON 200 or one without a known ``status`` →
-          NO_ANSWER with a short credential-free ``detail``.
+        * a code in ``CONFIGURATION_CODES``, any 403, or the token endpoint
+          refusing our credentials → MISCONFIGURED: the read was refused,
+          which says nothing about the payment.
+        * 401 with a cached token (token dropped), 5xx, other statuses,
+          timeouts, connection errors, a non-JSON 200 or one without a known
+          ``status`` → NO_ANSWER with a short credential-free ``detail``.
 
         Never raises for the rail's answers.
         """
         return self._read_status(self._collection, "collection/v1_0/requesttopay", "status", "charge",
-                                 charge.charge_id, charge.rail_reference)
+                                 charge.charge_id, charge.rail_reference, charge.currency)
 
     def _read_status(self, product: _Product, resource: str, op: str, noun: str, our_id: str,
-                     reference: str) -> RailStatus:
+                     reference: str, currency: str) -> RailStatus:
         """``GET {base}/{resource}/{reference}`` with ``product``'s token, mapped
         to the port's ``RailStatus``: the one status read of both products
         (collection: ``status``; disbursement: ``refund_status``), so a charge
         and a refund can never be read by different rules. ``op``, ``noun``
-        and ``our_id`` name the call in the log line. Never raises for the
-        rail's answers."""
+        and ``our_id`` name the call in the log line; ``currency`` is the one
+        we asked for (its exponent reads an amount reported without a
+        currency). Never raises for the rail's answers."""
         url = f"{self.base_url}/{resource}/{quote(reference, safe='')}"
         try:
-            token = self._access_token(product)
-            response = self._exchange("GET", url, headers=self._api_headers(product, token))
+            response, token, fresh = self._call(product, "GET", url)
         except _NoAnswer as no:
             self._log_no_answer(op, noun, our_id, reference, no)
-            return RailStatus(StatusKind.NO_ANSWER, reason=no.reason,
-                              http_status=no.http_status, detail=no.detail)
+            return no.status()
 
-        result = self._status_from_response(response, product, token)
+        result = self._status_from_response(response, product, token, currency, fresh_token=fresh)
         log.info(
             "mtn %s %s=%s reference=%s -> %s (http %s, reason %s)",
             op, noun, our_id, reference, result.kind.value, result.http_status, result.reason,
@@ -429,13 +531,20 @@ class MtnMomo:
         return result
 
     def _status_from_response(self, response: requests.Response, product: _Product,
-                              token: str) -> RailStatus:
+                              token: str, currency: str, *, fresh_token: bool = False) -> RailStatus:
         """The port's ``RailStatus`` for a status read of either product
-        (request-to-pay, refund): see ``status`` for the mapping."""
+        (request-to-pay, refund): see ``status`` for the mapping.
+        ``currency`` is the one we asked for (its exponent reads an amount
+        the body reports without a currency); ``fresh_token`` as for
+        ``_submit_from_response``."""
         http = response.status_code
         if http == 200:
-            return _status_from_body(response.content)
+            return _status_from_body(response.content, currency)
         code = _error_code(response)
+        if _blames_configuration(http, code, fresh_token):
+            self._log_misconfigured(product, http, code)
+            return RailStatus(StatusKind.MISCONFIGURED, reason=code or f"HTTP_{http}", http_status=http,
+                              detail=f"HTTP {http}: the rail refused our configuration")
         if http == 404:
             return RailStatus(StatusKind.NOT_FOUND, reason=code or "RESOURCE_NOT_FOUND", http_status=http)
         if http == 401:
@@ -447,6 +556,7 @@ class MtnMomo:
 
     # --- Rail: refunds (Disbursement product) -----------------------------
 
+    @rail_call("refund")
     def refund(self, refund: RefundRequest) -> Submit:
         """Give back a collected payment: ``POST {base}/disbursement/v1_0/refund``.
 
@@ -475,16 +585,16 @@ class MtnMomo:
         }
         product = self._disbursement
         try:
-            token = self._access_token(product)
-            headers = self._api_headers(product, token)
-            headers["X-Reference-Id"] = refund.rail_reference
-            response = self._exchange("POST", f"{self.base_url}/disbursement/v1_0/refund",
-                                      headers=headers, json_body=body)
+            response, token, fresh = self._call(
+                product, "POST", f"{self.base_url}/disbursement/v1_0/refund",
+                headers=lambda token: self._api_headers(product, token)
+                | {"X-Reference-Id": refund.rail_reference},
+                json_body=body)
         except _NoAnswer as no:
             self._log_no_answer("refund", "refund", refund.refund_id, refund.rail_reference, no)
-            return Submit(SubmitKind.NO_ANSWER, reason=no.reason, http_status=no.http_status)
+            return no.submit()
 
-        submit = self._submit_from_response(response, product, token)
+        submit = self._submit_from_response(response, product, token, fresh_token=fresh)
         log.info(
             "mtn refund refund=%s reference=%s of=%s -> %s (http %s, reason %s)",
             refund.refund_id, refund.rail_reference, refund.charge_rail_reference,
@@ -492,6 +602,7 @@ class MtnMomo:
         )
         return submit
 
+    @rail_call("refund_status")
     def refund_status(self, refund: RefundRequest) -> RailStatus:
         """The authenticated refund status query:
         ``GET {base}/disbursement/v1_0/refund/{rail_reference}``.
@@ -502,7 +613,7 @@ class MtnMomo:
         unreadable bodies → NO_ANSWER, never a decline. Never raises.
         """
         return self._read_status(self._disbursement, "disbursement/v1_0/refund", "refund_status",
-                                 "refund", refund.refund_id, refund.rail_reference)
+                                 "refund", refund.refund_id, refund.rail_reference, refund.currency)
 
     # --- Rail: callback ----------------------------------------------------
 
@@ -532,7 +643,7 @@ class MtnMomo:
 
     # --- Token -------------------------------------------------------------
 
-    def _access_token(self, product: _Product) -> str:
+    def _access_token(self, product: _Product, deadline: Deadline) -> str:
         """A valid bearer token for ``product``, from its cache or
         ``POST {base}/{product}/token/``.
 
@@ -543,14 +654,17 @@ class MtnMomo:
         each trying again in turn (a hung token endpoint would otherwise hold
         every claim loop for minutes, and the watchdog would kill the worker).
         """
-        with product.lock:
+        # Waiting for another thread's fetch counts against this call's deadline.
+        if not product.lock.acquire(timeout=max(deadline.remaining(), 0.001)):
+            raise _NoAnswer("TIMEOUT", "deadline passed waiting for another call's token fetch")
+        try:
             now = self._clock()
             if product.token is not None and now < product.token[1]:
                 return product.token[0]
             if product.failed is not None and now < product.failed[1]:
                 raise product.failed[0]
             try:
-                token, lifetime = self._fetch_token(product)
+                token, lifetime = self._fetch_token(product, deadline)
             except _NoAnswer as failure:
                 product.failed = (failure, self._clock() + TOKEN_FAILURE_MEMORY_SECONDS)
                 raise
@@ -558,8 +672,10 @@ class MtnMomo:
             margin = min(TOKEN_SAFETY_MARGIN_SECONDS, lifetime / 2)
             product.token = (token, now + lifetime - margin)
             return token
+        finally:
+            product.lock.release()
 
-    def _fetch_token(self, product: _Product) -> tuple[str, float]:
+    def _fetch_token(self, product: _Product, deadline: Deadline) -> tuple[str, float]:
         """``(access_token, expires_in seconds)``; raises ``_NoAnswer``."""
         response = self._exchange(
             "POST",
@@ -568,14 +684,19 @@ class MtnMomo:
                 "Authorization": product.basic_auth,
                 "Ocp-Apim-Subscription-Key": product.subscription_key,
             },
+            deadline=deadline,
         )
         if response.status_code != 200:
-            if response.status_code == 401:
-                log.warning("mtn %s token endpoint refused our credentials (HTTP 401)", product.name)
+            code = _error_code(response)
+            # Fresh credentials refused: no retry or new token can help.
+            refused = response.status_code in (401, 403) or code in CONFIGURATION_CODES
+            if refused:
+                self._log_misconfigured(product, response.status_code, code)
             raise _NoAnswer(
-                reason=_error_code(response) or f"TOKEN_HTTP_{response.status_code}",
+                reason=code or f"TOKEN_HTTP_{response.status_code}",
                 detail=f"token endpoint answered HTTP {response.status_code}",
                 http_status=response.status_code,
+                misconfigured=refused,
             )
         payload = _json_object(response.content)
         token = payload.get("access_token") if payload else None
@@ -602,6 +723,45 @@ class MtnMomo:
             "Ocp-Apim-Subscription-Key": product.subscription_key,
         }
 
+    def _call(
+        self,
+        product: _Product,
+        method: str,
+        url: str,
+        *,
+        headers: Callable[[str], Mapping[str, str]] | None = None,
+        json_body: Any = None,
+    ) -> tuple[requests.Response, str, bool]:
+        """One authenticated call of ``product``: ``(response, token used,
+        fresh)``; ``fresh`` when that token was fetched after a 401 in this
+        call (so another 401 refuses our credentials, not a stale token).
+
+        Raises ``RailPaused`` (nothing sent) while the rail's gate is closed.
+        Then, under one ``Deadline(total_timeout)``: a token (cached or
+        fetched), the exchange, and on a 401 (a token revoked before its
+        ``expires_in``) the token is dropped, a new one fetched and the
+        exchange made once more, before anything else (design/rails.md).
+        ``headers(token)`` builds the request headers (default: the product's
+        API headers). Raises ``_NoAnswer`` when no response came (the deadline
+        passed: reason ``TIMEOUT``), and ``RailPaused`` when the answer was a
+        429/503 with ``Retry-After``.
+        """
+        self.gate.check()
+        build = headers or (lambda token: self._api_headers(product, token))
+        with Deadline(self.total_timeout) as deadline:
+            token = self._access_token(product, deadline)
+            response = self._exchange(method, url, headers=build(token), json_body=json_body,
+                                      deadline=deadline)
+            if response.status_code == 401:
+                self._drop_token(product, token)
+                token = self._access_token(product, deadline)
+                response = self._exchange(method, url, headers=build(token), json_body=json_body,
+                                          deadline=deadline)
+                log.info("mtn %s: retried once with a new access token -> HTTP %s",
+                         product.name, response.status_code)
+                return response, token, True
+        return response, token, False
+
     def _exchange(
         self,
         method: str,
@@ -609,21 +769,27 @@ class MtnMomo:
         *,
         headers: Mapping[str, str],
         json_body: Any = None,
+        deadline: Deadline,
     ) -> requests.Response:
-        """One HTTP exchange with bounded transport retries.
+        """One HTTP exchange with bounded transport retries, inside ``deadline``.
 
-        Retries connection errors, timeouts and HTTP 502/503/504 only; any
-        other answer is returned at once. Retrying a POST is safe here: the
-        token call has no effect, and request-to-pay and refund are
-        idempotent by ``X-Reference-Id`` (a duplicate gets 409). Returns the last response
-        (possibly a 503); raises ``_NoAnswer`` when no response came.
+        Retries connection errors, timeouts and HTTP 502/503/504 (a 503 only
+        without ``Retry-After``) only, and starts no attempt once the deadline
+        has passed; any other answer is returned at once. Retrying a POST is
+        safe here: the token call has no effect, and request-to-pay and
+        refund are idempotent by ``X-Reference-Id`` (a duplicate gets 409).
+        Returns the last response (possibly a 503); raises ``_NoAnswer`` when
+        no response came, and ``RailPaused`` (after closing the gate) for a
+        429 or 503 carrying ``Retry-After``.
         """
         retrying = Retrying(
             retry=(
                 retry_if_exception_type((requests.ConnectionError, requests.Timeout))
-                | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES)
+                | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES
+                                  and "retry-after" not in r.headers)
             ),
-            stop=stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS),
+            stop=(stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS)
+                  | _DeadlinePassed(deadline)),
             wait=wait_chain(*(wait_fixed(w) for w in RETRY_WAITS)),
             sleep=self._sleep,
             # Out of attempts: hand back the last response, or re-raise the
@@ -631,15 +797,24 @@ class MtnMomo:
             retry_error_callback=lambda state: state.outcome.result(),
         )
         try:
-            return retrying(
+            response = retrying(
                 self._session.request, method, url,
                 headers=dict(headers), json=json_body, timeout=self.timeout,
             )
-        except requests.Timeout as exc:
-            # Only the class name: exception texts can carry URLs.
-            raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__}) after retries") from None
         except requests.RequestException as exc:
+            if deadline.expired:
+                raise _NoAnswer("TIMEOUT", f"total deadline of {deadline.seconds:g} s passed") from None
+            if isinstance(exc, requests.Timeout):
+                # Only the class name: exception texts can carry URLs.
+                raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__}) after retries") from None
             raise _NoAnswer("CONNECTION_ERROR", f"{type(exc).__name__} after retries") from None
+        if response.status_code in _BACKPRESSURE_STATUSES:
+            wait = parse_retry_after(response.headers.get("retry-after"), response.headers.get("date"))
+            if wait is not None and wait > 0:
+                left = self.gate.pause(wait, f"HTTP {response.status_code} Retry-After "
+                                             f"{response.headers.get('retry-after', '')[:40]}")
+                raise RailPaused(self.code, left, f"HTTP {response.status_code} with Retry-After")
+        return response
 
     def _log_no_answer(self, operation: str, label: str, ident: str, reference: str,
                        no: _NoAnswer) -> None:
@@ -647,6 +822,16 @@ class MtnMomo:
             "mtn %s %s=%s reference=%s -> no answer: %s (reason %s)",
             operation, label, ident, reference, no.detail, no.reason,
         )
+
+
+class _DeadlinePassed(stop_base):
+    """tenacity stop condition: no new attempt once the call's deadline has passed."""
+
+    def __init__(self, deadline: Deadline):
+        self.deadline = deadline
+
+    def __call__(self, retry_state) -> bool:
+        return self.deadline.remaining() <= 0
 
 
 # --- Helpers (pure) ----------------------------------------------------------
@@ -666,36 +851,111 @@ def callback_url_with_reference(callback_url: str, reference: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(params)))
 
 
-def _status_from_body(content: bytes) -> RailStatus:
-    """Map a 200 status body to a ``RailStatus`` (see ``MtnMomo.status``)."""
+def _blames_configuration(http: int, code: str | None, fresh_token: bool) -> bool:
+    """Whether an error answer (not 2xx, not 404/409) refuses OUR
+    configuration: a code in ``CONFIGURATION_CODES`` (MoMo sends them with
+    400, 403 or 500), any 403, or a 401 on a token fetched for this very call."""
+    return code in CONFIGURATION_CODES or http == 403 or (http == 401 and fresh_token)
+
+
+_PRINTABLE_ID = re.compile(r"[\x21-\x7e]+")   # visible ASCII, no spaces
+_PRINTABLE_CODE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")   # inner spaces allowed
+_CURRENCY_CODE = re.compile(r"[A-Za-z]{3}")
+
+
+def _status_from_body(content: bytes, currency: str) -> RailStatus:
+    """Map a 200 status body (collection or refund) to a ``RailStatus``.
+
+    ``status`` must be one of ``PENDING | SUCCESSFUL | FAILED`` (anything
+    else, or no JSON object: NO_ANSWER, never a decline). Unreadable is not
+    unreported: on a terminal status, each field below that is PRESENT but not
+    of MoMo's documented shape is listed in ``RailStatus.unreadable`` (the
+    poll then settles nothing and raises one ``rail_contradiction`` alert); a
+    field that is absent is simply not reported. ``null`` is present.
+
+    * ``amount`` (SUCCESSFUL and FAILED): a string of the major-unit decimal
+      (MoMo: ``"amount": "15.00"``); read with ``currency.major_string_to_minor``
+      by the reported currency's ISO 4217 exponent (the asked ``currency``
+      when the body reports none). Unreadable: a JSON number (MoMo sends a
+      string, so a number is not its shape), ``null``, ``""``, ``"fifteen"``,
+      ``"1e3"``, ``"-15"``, ``"1,500"``, ``" 15"``, and more decimals than
+      the exponent unless they are zeros (``"15.001"`` EUR).
+    * ``currency`` (SUCCESSFUL and FAILED): three ASCII letters (ISO 4217),
+      upper-cased; anything else is unreadable.
+    * ``reason`` (FAILED): ``"CODE"`` or ``{"code": "CODE", ...}`` where
+      CODE is 1-64 printable ASCII characters; anything else (a number,
+      ``null``, ``""``, a longer text, an object without a string ``code``) is
+      unreadable. A FAILED without a ``reason`` key is a decline with no
+      reason. ONGOING / PAYER_DELAYED are PENDING (not final in spirit).
+    * ``financialTransactionId`` (SUCCESSFUL): a string of 1-128 visible
+      ASCII characters; never truncated.
+
+    A FAILED whose reason is in ``CONFIGURATION_FAILURE_REASONS`` carries
+    ``configuration=True``.
+    """
     body = _json_object(content)
     if body is None:
         return RailStatus(StatusKind.NO_ANSWER, http_status=200, detail="status body is not a JSON object")
     status = body.get("status")
-    reason = _reason_code(body.get("reason"))
     if status == "PENDING":
-        return RailStatus(StatusKind.PENDING, reason=reason, http_status=200)
-    if status == "SUCCESSFUL":
-        currency = body.get("currency") if isinstance(body.get("currency"), str) else None
-        amount = major_string_to_minor(body.get("amount"), currency) if currency else None
-        return RailStatus(StatusKind.SUCCEEDED, http_status=200,
-                          financial_transaction_id=_short_id(body.get("financialTransactionId")),
-                          amount=amount, currency=currency.upper() if currency else None)
-    if status == "FAILED":
-        if reason in NOT_FINAL_FAILURE_REASONS:
+        return RailStatus(StatusKind.PENDING, reason=_reason_code(body.get("reason")), http_status=200)
+    if status not in ("SUCCESSFUL", "FAILED"):
+        shown = status[:_CODE_MAX_CHARS] if isinstance(status, str) else type(status).__name__
+        return RailStatus(StatusKind.NO_ANSWER, http_status=200,
+                          detail=f"status body has no known status ({shown})")
+    unreadable: list[str] = []
+    reason = None
+    if status == "FAILED" and "reason" in body:
+        reason = _reason_code(body["reason"])
+        if reason is None:
+            unreadable.append("reason")
+        elif reason in NOT_FINAL_FAILURE_REASONS:
             return RailStatus(StatusKind.PENDING, reason=reason, http_status=200,
                               detail=f"FAILED/{reason} is not final; keep polling")
-        return RailStatus(StatusKind.FAILED, reason=reason, http_status=200)
-    shown = status[:_CODE_MAX_CHARS] if isinstance(status, str) else type(status).__name__
-    return RailStatus(StatusKind.NO_ANSWER, http_status=200, detail=f"status body has no known status ({shown})")
+    reported_currency = None
+    if "currency" in body:
+        raw = body["currency"]
+        if isinstance(raw, str) and _CURRENCY_CODE.fullmatch(raw):
+            reported_currency = raw.upper()
+        else:
+            unreadable.append("currency")
+    amount = None
+    if "amount" in body:
+        amount = major_string_to_minor(body["amount"], reported_currency or currency)
+        if amount is None:
+            unreadable.append("amount")
+    transaction_id = None
+    if status == "SUCCESSFUL" and "financialTransactionId" in body:
+        transaction_id = _visible_id(body["financialTransactionId"])
+        if transaction_id is None:
+            unreadable.append("financial_transaction_id")
+    detail = f"unreadable: {', '.join(unreadable)}" if unreadable else None
+    if status == "SUCCESSFUL":
+        return RailStatus(StatusKind.SUCCEEDED, http_status=200, financial_transaction_id=transaction_id,
+                          amount=amount, currency=reported_currency, unreadable=tuple(unreadable),
+                          detail=detail)
+    return RailStatus(StatusKind.FAILED, reason=reason, http_status=200, amount=amount,
+                      currency=reported_currency, unreadable=tuple(unreadable), detail=detail,
+                      configuration=reason in CONFIGURATION_FAILURE_REASONS)
 
 
 def _reason_code(reason: Any) -> str | None:
-    """MoMo's ``reason`` as a code string: ``"CODE"`` or ``{"code": "CODE", ...}``."""
+    """MoMo's ``reason`` as a code string: ``"CODE"`` or ``{"code": "CODE", ...}``;
+    ``None`` when it is neither, or CODE is empty, longer than 64 characters
+    or not visible ASCII (an error body's ``code`` is read the same way)."""
     if isinstance(reason, dict):
         reason = reason.get("code")
-    if isinstance(reason, str) and reason.strip():
-        return reason.strip()[:_CODE_MAX_CHARS]
+    if isinstance(reason, str) and len(reason.strip()) <= _CODE_MAX_CHARS \
+            and _PRINTABLE_CODE.fullmatch(reason.strip()):
+        return reason.strip()
+    return None
+
+
+def _visible_id(value: Any) -> str | None:
+    """A rail transaction id: a string of 1-128 visible ASCII characters
+    (surrounding spaces dropped), else ``None``."""
+    if isinstance(value, str) and len(value.strip()) <= _ID_MAX_CHARS and _PRINTABLE_ID.fullmatch(value.strip()):
+        return value.strip()
     return None
 
 

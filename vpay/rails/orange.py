@@ -35,10 +35,30 @@ that the two adapters can change independently):
   exception for anything Orange (or the network) does: every answer becomes a
   ``Submit`` / ``RailStatus`` value, and anything unreadable is ``NO_ANSWER``,
   never a decline.
-* Every HTTP exchange has explicit (connect, read) timeouts and a bounded
-  number of attempts (``MAX_ATTEMPTS``), so one call is bounded in time.
+* Every call (token fetch, transport retries and a 401's one retry included)
+  runs under one total deadline (``vpay.http_deadline.Deadline``,
+  ``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``, default 20 s), however Orange
+  trickles; each HTTP exchange also has (connect, read) timeouts and a
+  bounded number of attempts (``MAX_ATTEMPTS``).
+* A 401 on an operation drops the token, fetches a new one and retries once,
+  within the same call. A 429 or 503 with ``Retry-After`` closes the
+  adapter's ``RailGate`` (capped, ``VPAY_ORANGE_MAX_PAUSE_SECONDS``): calls
+  raise ``RailPaused`` without sending anything until it opens.
 * Credentials, the access token, ``pay_token`` and ``notif_token`` are never
   logged and never put in an exception or a ``detail`` text.
+* Unreadable is not unreported: a status field present but not of Orange's
+  documented shape is listed in ``RailStatus.unreadable`` and never read as
+  agreement (``_status_from_body`` has the rule per field).
+* Configuration is not a decline (design/rails.md, "Rail errors that mean
+  *our* configuration is wrong"): the token endpoint refusing our client
+  credentials (401/403) and a 403 to the init (Orange's answer to a
+  merchant_key it does not know) are MISCONFIGURED, never REJECTED; any 403
+  to a status read too. Orange documents no error code that tells an unknown
+  merchant_key from a reused order_id (both 403, afro.tools): on a FIRST send
+  the order_id is fresh, so a 403 can only be the merchant key
+  (MISCONFIGURED); on a re-send (``ChargeRequest.resend``) it stays NO_ANSWER.
+  What a payment does then is docs/flows/reconciler.md, "Configuration is
+  not a decline".
 """
 
 from __future__ import annotations
@@ -64,13 +84,18 @@ from tenacity import (
     wait_chain,
     wait_fixed,
 )
+from tenacity.stop import stop_base
 
 from ..currency import exponent
+from ..http_deadline import Deadline, new_session, parse_retry_after
+from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
+from ..metrics import rail_call
 from .port import (
     CallbackIds,
     ChargeRequest,
     MalformedCallback,
     RailError,
+    RailPaused,
     RailStatus,
     RefundRequest,
     StatusKind,
@@ -92,6 +117,9 @@ MAX_ATTEMPTS = 3
 RETRY_WAITS = (0.2, 0.5)
 RETRY_BUDGET_SECONDS = 15.0
 _RETRIED_HTTP_STATUSES = frozenset({502, 503, 504})
+_BACKPRESSURE_STATUSES = frozenset({429, 503})  # with Retry-After: Orange asks for less traffic
+DEFAULT_TOTAL_TIMEOUT_SECONDS = 20.0
+"""One call's whole time (``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``)."""
 
 # A cached token is dropped this many seconds before Orange says it expires.
 TOKEN_SAFETY_MARGIN_SECONDS = 60.0
@@ -123,7 +151,9 @@ _ENV = {
 }
 _ENV_OPTIONAL = {"lang": "VPAY_ORANGE_LANG", "reference": "VPAY_ORANGE_REFERENCE"}
 _ENV_TIMEOUTS = {"connect_timeout": "VPAY_ORANGE_CONNECT_TIMEOUT_SECONDS",
-                 "read_timeout": "VPAY_ORANGE_READ_TIMEOUT_SECONDS"}
+                 "read_timeout": "VPAY_ORANGE_READ_TIMEOUT_SECONDS",
+                 "total_timeout": "VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS"}
+_ENV_MAX_PAUSE = "VPAY_ORANGE_MAX_PAUSE_SECONDS"
 
 
 def order_id_for(rail_reference: str) -> str:
@@ -156,13 +186,24 @@ def notif_url_with_reference(notif_url: str, reference: str) -> str:
 
 class _NoAnswer(Exception):
     """Internal: the exchange gave nothing we can act on. Carries only short,
-    credential-free texts."""
+    credential-free texts. ``misconfigured``: the token endpoint refused our
+    client credentials (MISCONFIGURED, not NO_ANSWER)."""
 
-    def __init__(self, reason: str, detail: str, http_status: int | None = None):
+    def __init__(self, reason: str, detail: str, http_status: int | None = None,
+                 misconfigured: bool = False):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
         self.http_status = http_status
+        self.misconfigured = misconfigured
+
+    def submit(self) -> Submit:
+        kind = SubmitKind.MISCONFIGURED if self.misconfigured else SubmitKind.NO_ANSWER
+        return Submit(kind, reason=self.reason, http_status=self.http_status)
+
+    def status(self) -> RailStatus:
+        kind = StatusKind.MISCONFIGURED if self.misconfigured else StatusKind.NO_ANSWER
+        return RailStatus(kind, reason=self.reason, http_status=self.http_status, detail=self.detail)
 
 
 class OrangeMoney:
@@ -194,6 +235,8 @@ class OrangeMoney:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        total_timeout: float = DEFAULT_TOTAL_TIMEOUT_SECONDS,
+        max_pause: float = DEFAULT_MAX_PAUSE_SECONDS,
     ) -> None:
         """Build the adapter from explicit settings.
 
@@ -209,8 +252,10 @@ class OrangeMoney:
         merchant name shown on Orange's page) go in the init body. Timeouts
         are in seconds and apply to every request.
 
-        Time bound of one call: at most two exchanges (token, then the
-        operation); a status read or token exchange makes at most
+        Time bound of one call: ``total_timeout`` seconds whatever Orange
+        does (``vpay.http_deadline``). Within it, at most four exchanges
+        (token, the operation, and after a 401 a new token and the operation
+        once more); a status read or token exchange makes at most
         ``MAX_ATTEMPTS`` attempts with ``RETRY_WAITS`` between them and none
         after ``RETRY_BUDGET_SECONDS``; the init makes one attempt (plus
         retries of a connection that was never established).
@@ -242,12 +287,14 @@ class OrangeMoney:
         self.lang = lang or "fr"
         self.reference = (reference or "vpay")[:64]
         self.timeout = (connect_timeout, read_timeout)
+        self.total_timeout = float(total_timeout)
+        self.gate = RailGate(self.code, max_pause)
         self._client_basic = "Basic " + base64.b64encode(
             f"{client_id}:{client_secret}".encode()).decode("ascii")
         self._merchant_key = merchant_key
         self._token: tuple[str, float] | None = None   # (access_token, expires_at per clock)
         self._token_lock = threading.Lock()
-        self._session = session or requests.Session()
+        self._session = session or new_session()
         self._clock = clock
         self._sleep = sleep
 
@@ -263,8 +310,10 @@ class OrangeMoney:
         init needs all three URLs). Optional: ``VPAY_ORANGE_LANG`` (default
         ``fr``), ``VPAY_ORANGE_REFERENCE`` (merchant name on Orange's page,
         default ``vpay``), ``VPAY_ORANGE_CONNECT_TIMEOUT_SECONDS`` and
-        ``VPAY_ORANGE_READ_TIMEOUT_SECONDS``. ``kwargs`` go to the
-        constructor and win.
+        ``VPAY_ORANGE_READ_TIMEOUT_SECONDS``, ``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``
+        (one call's whole time, default 20, at most 600) and
+        ``VPAY_ORANGE_MAX_PAUSE_SECONDS`` (the longest backpressure pause,
+        default 300, at most 3600). ``kwargs`` go to the constructor and win.
 
         Raises ``RailError`` naming every missing variable (names only,
         never values).
@@ -277,6 +326,9 @@ class OrangeMoney:
             value = seconds_setting(environ, name)
             if value is not None and key not in kwargs:
                 kwargs[key] = value
+        pause = seconds_setting(environ, _ENV_MAX_PAUSE, maximum=3600.0)
+        if pause is not None and "max_pause" not in kwargs:
+            kwargs["max_pause"] = pause
         for key, name in _ENV_OPTIONAL.items():
             if key not in kwargs and environ.get(name):
                 kwargs[key] = environ[name]
@@ -292,6 +344,7 @@ class OrangeMoney:
 
     # --- Rail: request-to-pay ----------------------------------------------
 
+    @rail_call("request_to_pay")
     def request_to_pay(self, charge: ChargeRequest) -> Submit:
         """Initialise a web payment:
         ``POST {base}/orange-money-webpay/{country}/v1/webpayment``.
@@ -312,13 +365,16 @@ class OrangeMoney:
           ``notif_token`` (``vpay.payments.submit``).
         * 400 → REJECTED (``BAD_REQUEST`` or Orange's code): the request as
           such was refused, sending it again cannot help.
-        * 403 → NO_ANSWER ``FORBIDDEN``: Orange answers 403 to a reused
-          ``order_id``, i.e. when an earlier send of this very charge got
-          there and its answer was lost; that is not a decline. (A 403 for a
-          bad merchant key is logged at warning, and the charge ends
-          ``not_submitted`` at the prompt TTL.)
-        * 401 (token dropped), 5xx, other statuses, timeouts, connection
-          errors, a 201 without the three fields → NO_ANSWER.
+        * 403 ``FORBIDDEN``: Orange answers 403 to a merchant_key it does
+          not know, and also to a reused ``order_id`` (an earlier send of
+          this very charge got there and its answer was lost). On a first
+          send (``charge.resend`` False) the order id is fresh, so it is the
+          merchant key: MISCONFIGURED. On a re-send it is NO_ANSWER. Never a
+          decline.
+        * the token endpoint refusing our client credentials (401/403) →
+          MISCONFIGURED.
+        * 401 on the init (token dropped), 5xx, other statuses, timeouts,
+          connection errors, a 201 without the three fields → NO_ANSWER.
 
         Safe to repeat: the same charge always sends the same ``order_id``, so
         Orange never holds two payments for it. Never raises for Orange's
@@ -341,21 +397,19 @@ class OrangeMoney:
             "reference": self.reference,
         }
         try:
-            token = self._access_token()
-            response = self._exchange("POST", f"{self._webpay}/webpayment",
-                                      headers=self._api_headers(token), json_body=body,
-                                      retry_sent=False)
+            response, token = self._call("POST", f"{self._webpay}/webpayment", json_body=body,
+                                         retry_sent=False)
         except _NoAnswer as no:
             self._log_no_answer("request_to_pay", charge, no)
-            return Submit(SubmitKind.NO_ANSWER, reason=no.reason, http_status=no.http_status)
+            return no.submit()
 
-        submit = self._submit_from_response(response, token)
+        submit = self._submit_from_response(response, token, charge.resend)
         log.info("orange request_to_pay charge=%s reference=%s order=%s -> %s (http %s, reason %s)",
                  charge.charge_id, charge.rail_reference, body["order_id"], submit.kind.value,
                  submit.http_status, submit.reason)
         return submit
 
-    def _submit_from_response(self, response: requests.Response, token: str) -> Submit:
+    def _submit_from_response(self, response: requests.Response, token: str, resend: bool) -> Submit:
         http = response.status_code
         if http in (200, 201):
             payload = _json_object(response.content) or {}
@@ -372,14 +426,19 @@ class OrangeMoney:
         if http == 401:
             self._drop_token(token)
             return Submit(SubmitKind.NO_ANSWER, reason="UNAUTHORIZED", http_status=http)
-        if http == 403:
-            log.warning("orange webpayment answered 403: the order id was used before (an earlier "
-                        "send got there), or the merchant key is not allowed; not a decline")
+        if http == 403 and resend:
+            log.warning("orange webpayment answered 403 to a re-send: the order id was used by an "
+                        "earlier send that got there (or the merchant key is refused); not a decline")
             return Submit(SubmitKind.NO_ANSWER, reason="FORBIDDEN", http_status=http)
+        if http == 403:
+            log.error("orange webpayment answered 403 to a first send: the merchant key is refused "
+                      "(VPAY_ORANGE_MERCHANT_KEY); not a decline")
+            return Submit(SubmitKind.MISCONFIGURED, reason="FORBIDDEN", http_status=http)
         return Submit(SubmitKind.NO_ANSWER, reason=code or f"HTTP_{http}", http_status=http)
 
     # --- Rail: status ------------------------------------------------------
 
+    @rail_call("status")
     def status(self, charge: ChargeRequest) -> RailStatus:
         """The authenticated status query:
         ``POST {base}/orange-money-webpay/{country}/v1/transactionstatus``
@@ -397,9 +456,14 @@ class OrangeMoney:
           for this charge (the poll then re-sends the init, see
           ``vpay.handlers.poll``).
         * 404 → NOT_FOUND.
+        * 403, or the token endpoint refusing our client credentials →
+          MISCONFIGURED: the read was refused, which says nothing about the
+          payment.
         * 401 (token dropped), 400, 5xx, other statuses, timeouts, an
           unreadable body, an unknown status, or an ``order_id`` in the answer
           that is not ours → NO_ANSWER, never a decline.
+        * Fields present but unreadable on a terminal status are listed in
+          ``unreadable`` (rules: ``_status_from_body``).
 
         Never raises for Orange's answers.
         """
@@ -413,25 +477,26 @@ class OrangeMoney:
         order_id = order_id_for(charge.rail_reference)
         body = {"order_id": order_id, "amount": _whole_amount(charge.amount), "pay_token": pay_token}
         try:
-            token = self._access_token()
-            response = self._exchange("POST", f"{self._webpay}/transactionstatus",
-                                      headers=self._api_headers(token), json_body=body)
+            response, token = self._call("POST", f"{self._webpay}/transactionstatus", json_body=body)
         except _NoAnswer as no:
             self._log_no_answer("status", charge, no)
-            return RailStatus(StatusKind.NO_ANSWER, reason=no.reason,
-                              http_status=no.http_status, detail=no.detail)
+            return no.status()
 
-        result = self._status_from_response(response, token, order_id)
+        result = self._status_from_response(response, token, order_id, charge.currency)
         log.info("orange status charge=%s reference=%s -> %s (http %s, reason %s)",
                  charge.charge_id, charge.rail_reference, result.kind.value,
                  result.http_status, result.reason)
         return result
 
     def _status_from_response(self, response: requests.Response, token: str,
-                              order_id: str) -> RailStatus:
+                              order_id: str, currency: str) -> RailStatus:
         http = response.status_code
         if http in (200, 201):
-            return _status_from_body(response.content, http, order_id)
+            return _status_from_body(response.content, http, order_id, currency)
+        if http == 403:
+            log.error("orange transactionstatus answered 403: our configuration was refused")
+            return RailStatus(StatusKind.MISCONFIGURED, reason=_error_code(response) or "FORBIDDEN",
+                              http_status=http, detail="HTTP 403: the rail refused our configuration")
         if http == 404:
             return RailStatus(StatusKind.NOT_FOUND, reason=_error_code(response) or "NOT_FOUND",
                               http_status=http)
@@ -444,6 +509,7 @@ class OrangeMoney:
 
     # --- Rail: refunds (not offered) --------------------------------------
 
+    @rail_call("refund")
     def refund(self, refund: RefundRequest) -> Submit:
         """Orange Money Web Payment offers no refund call to this adapter:
         always REJECTED ``REFUND_NOT_SUPPORTED``, nothing sent, so the refund
@@ -451,6 +517,7 @@ class OrangeMoney:
         log.info("orange refund refund=%s -> rejected: not supported by this rail", refund.refund_id)
         return Submit(SubmitKind.REJECTED, reason="REFUND_NOT_SUPPORTED")
 
+    @rail_call("refund_status")
     def refund_status(self, refund: RefundRequest) -> RailStatus:
         """No refund is ever sent to Orange: NOT_FOUND, nothing asked."""
         return RailStatus(StatusKind.NOT_FOUND, reason="REFUND_NOT_SUPPORTED")
@@ -485,32 +552,38 @@ class OrangeMoney:
 
     # --- Token -------------------------------------------------------------
 
-    def _access_token(self) -> str:
+    def _access_token(self, deadline: Deadline) -> str:
         """A bearer token from the cache or ``POST {base}/oauth/v3/token``.
         The lock is held during the fetch: threads finding the cache empty
-        wait for one fetch."""
-        with self._token_lock:
+        wait for one fetch, for at most what is left of their own deadline."""
+        if not self._token_lock.acquire(timeout=max(deadline.remaining(), 0.001)):
+            raise _NoAnswer("TIMEOUT", "deadline passed waiting for another call's token fetch")
+        try:
             now = self._clock()
             if self._token is not None and now < self._token[1]:
                 return self._token[0]
-            token, lifetime = self._fetch_token()
+            token, lifetime = self._fetch_token(deadline)
             margin = min(TOKEN_SAFETY_MARGIN_SECONDS, lifetime / 2)
             self._token = (token, now + lifetime - margin)
             return token
+        finally:
+            self._token_lock.release()
 
-    def _fetch_token(self) -> tuple[str, float]:
+    def _fetch_token(self, deadline: Deadline) -> tuple[str, float]:
         """``(access_token, expires_in seconds)``; raises ``_NoAnswer``."""
         response = self._exchange(
             "POST", f"{self.base_url}/oauth/v3/token",
             headers={"Authorization": self._client_basic, "Accept": "application/json"},
-            form_body={"grant_type": "client_credentials"},
+            form_body={"grant_type": "client_credentials"}, deadline=deadline,
         )
         if response.status_code != 200:
-            if response.status_code == 401:
-                log.warning("orange token endpoint refused our client credentials (HTTP 401)")
+            refused = response.status_code in (401, 403)   # fresh client credentials refused
+            if refused:
+                log.error("orange token endpoint refused our client credentials (HTTP %s): an "
+                          "operator must fix VPAY_ORANGE_CLIENT_ID / _SECRET", response.status_code)
             raise _NoAnswer(reason=f"TOKEN_HTTP_{response.status_code}",
                             detail=f"token endpoint answered HTTP {response.status_code}",
-                            http_status=response.status_code)
+                            http_status=response.status_code, misconfigured=refused)
         payload = _json_object(response.content)
         token = payload.get("access_token") if payload else None
         if not isinstance(token, str) or not token:
@@ -531,9 +604,33 @@ class OrangeMoney:
     def _api_headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
+    def _call(self, method: str, url: str, *, json_body: Any = None,
+              retry_sent: bool = True) -> tuple[requests.Response, str]:
+        """One authenticated call: ``(response, token used)``. Raises
+        ``RailPaused`` (nothing sent) while the gate is closed; then, under
+        one ``Deadline(total_timeout)``: a token, the exchange, and on a 401
+        a new token and the exchange once more (a 401 means Orange did not
+        act on the request, so re-sending the init is safe). Raises
+        ``_NoAnswer`` when no response came, ``RailPaused`` for a 429/503
+        with ``Retry-After``."""
+        self.gate.check()
+        with Deadline(self.total_timeout) as deadline:
+            token = self._access_token(deadline)
+            response = self._exchange(method, url, headers=self._api_headers(token),
+                                      json_body=json_body, retry_sent=retry_sent, deadline=deadline)
+            if response.status_code == 401:
+                self._drop_token(token)
+                token = self._access_token(deadline)
+                response = self._exchange(method, url, headers=self._api_headers(token),
+                                          json_body=json_body, retry_sent=retry_sent,
+                                          deadline=deadline)
+                log.info("orange: retried once with a new access token -> HTTP %s",
+                         response.status_code)
+        return response, token
+
     def _exchange(self, method: str, url: str, *, headers: Mapping[str, str],
                   json_body: Any = None, form_body: Mapping[str, str] | None = None,
-                  retry_sent: bool = True) -> requests.Response:
+                  retry_sent: bool = True, deadline: Deadline) -> requests.Response:
         """One HTTP exchange with bounded transport retries.
 
         With ``retry_sent`` (token, status reads: both without effect),
@@ -542,16 +639,20 @@ class OrangeMoney:
         with 403, and the first one's answer would be lost), only a
         connection that timed out before it was established is retried: the
         request never left. Returns the last response; raises ``_NoAnswer``
-        when no response came.
+        when no response came, and ``RailPaused`` (after closing the gate)
+        for a 429 or 503 carrying ``Retry-After`` (such a 503 is not retried).
+        No attempt starts once ``deadline`` has passed.
         """
         if retry_sent:
             retry = (retry_if_exception_type((requests.ConnectionError, requests.Timeout))
-                     | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES))
+                     | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES
+                                       and "retry-after" not in r.headers))
         else:
             retry = retry_if_exception_type(requests.ConnectTimeout)
         retrying = Retrying(
             retry=retry,
-            stop=stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS),
+            stop=(stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS)
+                  | _DeadlinePassed(deadline)),
             wait=wait_chain(*(wait_fixed(w) for w in RETRY_WAITS)),
             sleep=self._sleep,
             retry_error_callback=lambda state: state.outcome.result(),
@@ -562,16 +663,35 @@ class OrangeMoney:
         if form_body is not None:
             kwargs["data"] = dict(form_body)
         try:
-            return retrying(self._session.request, method, url, **kwargs)
-        except requests.Timeout as exc:
-            # Only the class name: exception texts can carry URLs.
-            raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__})") from None
+            response = retrying(self._session.request, method, url, **kwargs)
         except requests.RequestException as exc:
+            if deadline.expired:
+                raise _NoAnswer("TIMEOUT", f"total deadline of {deadline.seconds:g} s passed") from None
+            if isinstance(exc, requests.Timeout):
+                # Only the class name: exception texts can carry URLs.
+                raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__})") from None
             raise _NoAnswer("CONNECTION_ERROR", type(exc).__name__) from None
+        if response.status_code in _BACKPRESSURE_STATUSES:
+            wait = parse_retry_after(response.headers.get("retry-after"), response.headers.get("date"))
+            if wait is not None and wait > 0:
+                left = self.gate.pause(wait, f"HTTP {response.status_code} Retry-After "
+                                             f"{response.headers.get('retry-after', '')[:40]}")
+                raise RailPaused(self.code, left, f"HTTP {response.status_code} with Retry-After")
+        return response
 
     def _log_no_answer(self, operation: str, charge: ChargeRequest, no: _NoAnswer) -> None:
         log.warning("orange %s charge=%s reference=%s -> no answer: %s (reason %s)",
                     operation, charge.charge_id, charge.rail_reference, no.detail, no.reason)
+
+
+class _DeadlinePassed(stop_base):
+    """tenacity stop condition: no new attempt once the call's deadline has passed."""
+
+    def __init__(self, deadline: Deadline):
+        self.deadline = deadline
+
+    def __call__(self, retry_state) -> bool:
+        return self.deadline.remaining() <= 0
 
 
 # --- Helpers (pure) ----------------------------------------------------------
@@ -589,8 +709,33 @@ def _whole_amount(amount: int) -> int:
     return amount
 
 
-def _status_from_body(content: bytes, http: int, order_id: str) -> RailStatus:
-    """Map a 200/201 status body to a ``RailStatus`` (see ``OrangeMoney.status``)."""
+_CURRENCY_CODE = re.compile(r"[A-Za-z]{3}")
+_VISIBLE_ID = re.compile(r"[\x21-\x7e]+")
+
+
+def _status_from_body(content: bytes, http: int, order_id: str, currency: str) -> RailStatus:
+    """Map a 200/201 status body to a ``RailStatus`` (see ``OrangeMoney.status``).
+
+    Unreadable is not unreported: on a terminal status (SUCCESS, FAILED,
+    EXPIRED), each field below that is PRESENT but not of Orange's documented
+    shape is listed in ``RailStatus.unreadable`` (the poll then settles
+    nothing and raises one ``rail_contradiction`` alert); an absent field is
+    not reported. ``null`` is present.
+
+    * ``amount``: Orange's amounts are JSON integers in the currency's unit
+      (design/rails.md: init ``amount (int)``; afro.tools: "sending a decimal
+      is rejected"), and only currencies of ISO 4217 exponent 0 reach Orange,
+      so the integer is the amount in minor units of ``currency``'s exponent.
+      Unreadable: a string (even ``"1500"``: not Orange's shape), a
+      fractional or exponent number (``1500.5``, ``1e3``, which JSON reads as
+      a float), a negative number, a bool, ``null``.
+    * ``currency``: three ASCII letters (upper-cased); anything else.
+    * ``txnid`` (SUCCESS): a string of 1-128 visible ASCII characters (e.g.
+      ``MP220915.1234.A12345``); never truncated.
+
+    The status body documented by Orange carries neither amount nor currency
+    (``{status, order_id, txnid}``); they are read when present.
+    """
     body = _json_object(content)
     if body is None:
         return RailStatus(StatusKind.NO_ANSWER, http_status=http, detail="status body is not a JSON object")
@@ -601,17 +746,38 @@ def _status_from_body(content: bytes, http: int, order_id: str) -> RailStatus:
     status = body.get("status")
     if status in (WAITING, CONFIRMED):
         return RailStatus(StatusKind.PENDING, reason=status, http_status=http)
-    if status == SUCCESS:
-        return RailStatus(StatusKind.SUCCEEDED, http_status=http,
-                          financial_transaction_id=_short_id(body.get("txnid")))
-    if status == FAILED:
-        return RailStatus(StatusKind.FAILED, reason=FAILED, http_status=http)
-    if status == EXPIRED:
-        return RailStatus(StatusKind.FAILED, reason=EXPIRED, http_status=http)
-    # Echo only what looks like a status word: a rail echoing a token must not reach a log.
-    shown = status if isinstance(status, str) and _WORD_RE.match(status) else type(status).__name__
-    return RailStatus(StatusKind.NO_ANSWER, http_status=http,
-                      detail=f"status body has no known status ({shown})")
+    if status not in (SUCCESS, FAILED, EXPIRED):
+        # Echo only what looks like a status word: a rail echoing a token must not reach a log.
+        shown = status if isinstance(status, str) and _WORD_RE.match(status) else type(status).__name__
+        return RailStatus(StatusKind.NO_ANSWER, http_status=http,
+                          detail=f"status body has no known status ({shown})")
+    unreadable: list[str] = []
+    reported_currency = None
+    if "currency" in body:
+        raw = body["currency"]
+        if isinstance(raw, str) and _CURRENCY_CODE.fullmatch(raw):
+            reported_currency = raw.upper()
+        else:
+            unreadable.append("currency")
+    amount = None
+    if "amount" in body:
+        raw = body["amount"]
+        if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+            amount = raw * 10 ** exponent(reported_currency or currency)
+        else:
+            unreadable.append("amount")
+    txnid = None
+    if status == SUCCESS and "txnid" in body:
+        raw = body["txnid"]
+        if isinstance(raw, str) and len(raw.strip()) <= _HINT_MAX_CHARS and _VISIBLE_ID.fullmatch(raw.strip()):
+            txnid = raw.strip()
+        else:
+            unreadable.append("financial_transaction_id")
+    detail = f"unreadable: {', '.join(unreadable)}" if unreadable else None
+    kind = StatusKind.SUCCEEDED if status == SUCCESS else StatusKind.FAILED
+    return RailStatus(kind, reason=None if status == SUCCESS else status, http_status=http,
+                      financial_transaction_id=txnid, amount=amount, currency=reported_currency,
+                      unreadable=tuple(unreadable), detail=detail)
 
 
 def _error_code(response: requests.Response) -> str | None:

@@ -24,6 +24,24 @@ class RailError(Exception):
     ``RailStatus`` / ``Submit`` values."""
 
 
+class RailPaused(Exception):
+    """The rail asked for less traffic (HTTP 429 or 503 with ``Retry-After``,
+    design/rails.md) and this process holds every call to it until
+    ``seconds`` from now (``vpay.rail_gate.RailGate``). Raised by an
+    adapter's ``request_to_pay``, ``status``, ``refund`` and
+    ``refund_status`` before any request is sent while the pause lasts, and
+    by the call whose answer asked for it. Not a rail answer and never a
+    decline: the caller reschedules the work to the end of the pause
+    (``vpay.handlers.registry.handle``), without counting it as a failure or
+    a rung. ``reason`` is short and credential-free."""
+
+    def __init__(self, rail: str, seconds: float, reason: str):
+        super().__init__(f"rail {rail} paused for {seconds:.1f} s: {reason}")
+        self.rail = rail
+        self.seconds = seconds
+        self.reason = reason
+
+
 def seconds_setting(environ, name: str, maximum: float = 600.0) -> float | None:
     """A rail adapter's timeout setting ``name`` in seconds, or ``None`` when
     unset. Raises ``RailError`` unless it is a finite number above 0 and at
@@ -67,12 +85,17 @@ class ChargeRequest:
     # e.g. Orange's pay_token, needed by its status query. Never a secret such
     # as Orange's notif_token (only its hash is stored). Empty for MTN.
     rail_data: Mapping[str, str] = field(default_factory=dict)
+    # True when this request-to-pay may have been sent before (the resubmit
+    # job): an adapter must not read "already have it" answers (Orange's 403
+    # to a reused order_id) as a refusal of our configuration.
+    resend: bool = False
 
 
 class SubmitKind(enum.Enum):
     ACCEPTED = "accepted"          # the rail holds the request (MoMo 202, or 409 on a resend)
-    REJECTED = "rejected"          # the rail refused it for good (bad currency, payer not allowed, ...)
-    NO_ANSWER = "no_answer"        # timeout, connection refused, 5xx, 401: we do not know
+    REJECTED = "rejected"          # the rail refused it for good (payer not found, bad request, ...)
+    MISCONFIGURED = "misconfigured"  # refused because OUR configuration is wrong (see below)
+    NO_ANSWER = "no_answer"        # timeout, connection refused, 5xx, a 401 before a token refresh: we do not know
 
 
 @dataclass(frozen=True)
@@ -94,7 +117,19 @@ class StatusKind(enum.Enum):
     SUCCEEDED = "succeeded"        # money moved (MoMo SUCCESSFUL)
     FAILED = "failed"              # the payment ended without money moving; ``reason`` says why
     NOT_FOUND = "not_found"        # the rail does not know the reference (MoMo 404 RESOURCE_NOT_FOUND)
-    NO_ANSWER = "no_answer"        # 5xx, timeout, connection refused, 401, malformed body: never a decline
+    MISCONFIGURED = "misconfigured"  # the READ was refused for our configuration: says nothing about the payment
+    NO_ANSWER = "no_answer"        # 5xx, timeout, connection refused, malformed body: never a decline
+
+
+# Misconfiguration (design/rails.md, "Rail errors that mean *our*
+# configuration is wrong"): an answer that blames our credentials, callback
+# host, target environment, currency setup or subscription, never the payer.
+# ``SubmitKind.MISCONFIGURED``: the request was refused before it reached a
+# payer. ``StatusKind.MISCONFIGURED``: a status read was refused; the payment
+# may be anywhere. ``RailStatus.configuration``: the rail says the
+# transaction itself FAILED for such a reason (MoMo FAILED with
+# INVALID_CURRENCY, ...). The adapters decide which codes mean this; what a
+# caller does with it is docs/flows/reconciler.md, "Configuration is not a decline".
 
 
 TERMINAL = frozenset({StatusKind.SUCCEEDED, StatusKind.FAILED})
@@ -110,6 +145,15 @@ class RailStatus:
     the transaction, or ``None`` when its answer does not say.
     ``financial_transaction_id`` is the rail's id for a moved payment, when
     given. ``detail`` is a short human text for logs (never a credential).
+
+    Unreadable is not unreported: ``unreadable`` names every field the rail's
+    answer carried but the adapter could not read by the rail's documented
+    shape (``"amount"``, ``"currency"``, ``"reason"``,
+    ``"financial_transaction_id"``); those fields are ``None`` here, and a
+    terminal answer with any of them settles nothing (``disagreement``). A
+    field the answer did not carry at all is ``None`` and not listed.
+    ``configuration`` is True when a FAILED answer's reason blames our
+    configuration, not the payer (see the note above ``RailStatus``).
     """
 
     kind: StatusKind
@@ -122,10 +166,34 @@ class RailStatus:
     # refuses to settle a success whose amount or currency is not the charge's.
     amount: int | None = None
     currency: str | None = None
+    unreadable: tuple[str, ...] = ()
+    configuration: bool = False
 
     @property
     def terminal(self) -> bool:
+        """The rail reported a terminal status (whether or not it may settle:
+        see ``disagreement``)."""
         return self.kind in TERMINAL
+
+    def disagreement(self, amount: int, currency: str) -> str | None:
+        """Why this terminal answer must NOT settle a charge (or refund) of
+        ``amount`` minor units in ``currency``, or ``None`` when it may.
+
+        ``"unreadable"``: a field was present but unreadable (``unreadable``);
+        ``"other_currency"`` / ``"other_amount"``: the rail reported another
+        currency or amount than ours. A field the rail did not report is not a
+        disagreement. Always ``None`` for a non-terminal answer. The poll
+        handlers raise one ``rail_contradiction`` alert for a disagreement and
+        keep polling (design page, "What can go wrong")."""
+        if not self.terminal:
+            return None
+        if self.unreadable:
+            return "unreadable"
+        if self.currency is not None and self.currency != currency.upper():
+            return "other_currency"
+        if self.amount is not None and self.amount != amount:
+            return "other_amount"
+        return None
 
 
 @dataclass(frozen=True)
@@ -143,7 +211,9 @@ class Rail(Protocol):
     """One mobile-money rail. Adapters live one per file in ``vpay/rails/``.
 
     Implementations must never raise for a rail's answer (timeouts, 5xx and
-    malformed bodies are ``NO_ANSWER``), must bound the time one call can
+    malformed bodies are ``NO_ANSWER``; answers that blame our configuration
+    are ``MISCONFIGURED``; fields present but unreadable are listed in
+    ``RailStatus.unreadable``, never dropped), must bound the time one call can
     take (explicit connect/read timeouts, bounded transport retries), and must
     never put a credential in a log line or an exception text.
     """
@@ -165,8 +235,9 @@ class Rail(Protocol):
     def refund(self, refund: "RefundRequest") -> Submit:
         """Give back all or part of a collected payment. Safe to repeat with
         the same ``refund.rail_reference`` (a resend is ACCEPTED). ``REJECTED``
-        only when the rail refused it for good; 5xx, timeouts and 401 are
-        ``NO_ANSWER``."""
+        only when the rail refused it for good; ``MISCONFIGURED`` when it
+        refused our configuration; 5xx, timeouts and a 401 before a token
+        refresh are ``NO_ANSWER``."""
         ...
 
     def refund_status(self, refund: "RefundRequest") -> RailStatus:

@@ -801,9 +801,12 @@ class SandboxRail:
             t = self._refunds.get(ref)
             return None if t is None else self._refund_state(t)
 
-    def set_refund_status(self, ref: str, status: str, reason: str | None = None) -> dict[str, Any]:
+    def set_refund_status(self, ref: str, status: str, reason: str | None = None, *,
+                          amount: str | None = None) -> dict[str, Any]:
         """Force refund ``ref`` to ``status`` for ever (e.g. make the rail
-        contradict a settled refund). Raises KeyError for an unknown reference."""
+        contradict a settled refund); ``amount`` (a major-units string, any
+        text) makes the status body report it instead of the refund's. Raises
+        KeyError for an unknown reference."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}")
         if reason is not None and (not isinstance(reason, str) or not reason):
@@ -811,6 +814,8 @@ class SandboxRail:
         with self._lock:
             txn = self._refunds[ref]
             txn.forced = True
+            if amount is not None:
+                txn.amount = amount
             self._become(txn, status, (reason or _DEFAULT_REFUND_FAILURE) if status == FAILED else None)
             state = self._refund_state(txn)
         log.info("sandbox: refund %s forced to %s %s", ref, status, txn.reason or "")

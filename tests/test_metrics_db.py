@@ -1,0 +1,102 @@
+"""The gauges read from the database at scrape (vpay.metrics.DatabaseCollector,
+``metrics_snapshot``), against a real Postgres: exact counts, zeros for what
+is absent, the short cache, and the bound (a blocked query reports
+``vpay_database_up 0`` instead of hanging the scrape)."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+
+from vpay import merchants, metrics, money
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _values(collector) -> dict[tuple, float]:
+    out = {}
+    for family in collector.collect():
+        for sample in family.samples:
+            out[(sample.name, *sample.labels.values())] = sample.value
+    return out
+
+
+def test_the_gauges_count_what_the_tables_hold(db, pool):
+    merchants.create_merchant(db, "m1", "m1")
+    charges = [money.create_payment(db, merchant_id="m1", amount=1000, currency="EUR", rail="mtn",
+                                    payer="256770000001").charge for _ in range(3)]
+    db.execute("UPDATE charges SET status = 'unresolved' WHERE id = %s", (charges[0]["id"],))
+    db.execute("UPDATE charges SET status = 'succeeded', settled_at = now() WHERE id = %s",
+               (charges[1]["id"],))
+    # lanes: three polls (mtn) and three fan-outs (webhooks) were born with the payments
+    db.execute("UPDATE jobs SET run_at = 'infinity' WHERE dedupe_key = %s", (f"poll:{charges[0]['id']}",))
+    db.execute("UPDATE jobs SET run_at = now() - interval '1 second' WHERE dedupe_key = %s",
+               (f"poll:{charges[1]['id']}",))
+    db.execute("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE dedupe_key = %s",
+               (f"poll:{charges[2]['id']}",))
+    db.execute("UPDATE jobs SET locked_by = 'w', locked_at = now(), lease_token = gen_random_uuid(), "
+               "lease_expires_at = now() + interval '5 minutes', run_at = now() WHERE kind = 'fanout'")
+    db.execute("INSERT INTO alerts (kind, charge_id) VALUES ('charge_unresolved', %s), "
+               "('rail_contradiction', %s)", (charges[0]["id"], charges[1]["id"]))
+    db.execute("INSERT INTO alerts (kind, acknowledged_at) VALUES ('job_dead_lettered', now())")
+    db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled) VALUES "
+               "('we_a', 'm1', 'https://a.example/h', 'whsec_x', false), "
+               "('we_b', 'm1', 'https://b.example/h', 'whsec_y', true)")
+
+    values = _values(metrics.DatabaseCollector(pool, lanes=metrics.LANES))
+    assert values[("vpay_database_up",)] == 1
+    assert values[("vpay_queue_jobs", "mtn", "dead")] == 1
+    assert values[("vpay_queue_jobs", "mtn", "due")] == 1
+    assert values[("vpay_queue_jobs", "mtn", "leased")] == 0
+    assert values[("vpay_queue_jobs", "webhooks", "leased")] == 3
+    assert values[("vpay_queue_jobs", "webhooks", "due")] == 0
+    assert values[("vpay_queue_jobs", "orange", "due")] == 0       # a lane with no job: 0
+    assert values[("vpay_charges", "pending")] == 1
+    assert values[("vpay_charges", "unresolved")] == 1
+    assert values[("vpay_charges", "succeeded")] == 1
+    assert values[("vpay_charges", "failed")] == 0
+    assert values[("vpay_alerts_open", "charge_unresolved")] == 1
+    assert values[("vpay_alerts_open", "rail_contradiction")] == 1
+    assert values[("vpay_alerts_open", "job_dead_lettered")] == 0  # acknowledged
+    assert values[("vpay_webhook_endpoints_disabled",)] == 1
+
+
+def test_one_snapshot_serves_scrapes_for_a_few_seconds(db, pool):
+    clock = Clock()
+    collector = metrics.DatabaseCollector(pool, lanes=metrics.LANES, clock=clock)
+    assert _values(collector)[("vpay_webhook_endpoints_disabled",)] == 0
+    merchants.create_merchant(db, "m1", "m1")
+    db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled) VALUES "
+               "('we_a', 'm1', 'https://a.example/h', 'whsec_x', false)")
+    clock.now += metrics.CACHE_SECONDS / 2
+    assert _values(collector)[("vpay_webhook_endpoints_disabled",)] == 0
+    clock.now += metrics.CACHE_SECONDS
+    assert _values(collector)[("vpay_webhook_endpoints_disabled",)] == 1
+
+
+def test_a_blocked_snapshot_gives_up_at_its_bound_and_reports_the_database_down(db, db_url, pool):
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_lock():
+        with psycopg.connect(db_url) as conn:
+            conn.execute("LOCK TABLE charges IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(30)
+            conn.rollback()
+
+    t = threading.Thread(target=hold_lock)
+    t.start()
+    try:
+        assert locked.wait(10)
+        values = _values(metrics.DatabaseCollector(pool, lanes=metrics.LANES))
+    finally:
+        release.set()
+        t.join(30)
+    assert values == {("vpay_database_up",): 0}

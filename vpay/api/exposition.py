@@ -1,0 +1,126 @@
+"""``GET /metrics`` for the API, correct under gunicorn's several worker
+processes: ``prometheus_client``'s multiprocess mode.
+
+Each gunicorn worker counts in its own memory-mapped files under
+``PROMETHEUS_MULTIPROC_DIR``; a scrape, answered by whichever worker
+accepts it, sums the files of every worker, live or dead, so no request
+counted by another worker (or by one gunicorn has since replaced) is missed.
+
+* ``prepare()`` makes a private directory (``mkdtemp``, mode 0700) and
+  sets the variable. ``vpay-server api`` calls it first thing, before
+  anything imports ``vpay.metrics``: the library chooses its value store
+  when it is imported. The directory is removed when the arbiter exits;
+  one left by an arbiter that was killed is removed by the next start.
+* ``child_exit`` (gunicorn's hook, in the arbiter) calls
+  ``mark_process_dead`` for a worker that exited, so its live gauges (if
+  any are ever added) stop counting; its counters stay in the sums.
+* ``with_metrics(app)`` puts ``/metrics`` in front of the Falcon app at the
+  WSGI level, outside its routes: it is an operator's endpoint, not part of
+  the merchant API or its OpenAPI document (docs/api.md). A request that
+  came through a proxy (``Forwarded`` or ``X-Forwarded-For`` present) is
+  passed to the app, which answers 404, so a reverse proxy in front of the
+  API does not publish the metrics by accident.
+
+The scraped metrics are the in-process ones of ``vpay.metrics`` the API
+records: ``vpay_api_requests_total``, ``vpay_api_request_seconds`` and the
+rail calls it makes (``request_to_pay``). The database gauges are the
+worker's (docs/observability.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from typing import Callable, Iterable
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+PATH = "/metrics"
+PREFIX = "vpay-api-metrics-"
+"""Directory names are ``PREFIX<pid of the arbiter>-<random>``."""
+
+log = logging.getLogger("vpay.api.exposition")
+
+
+def _remove_orphans() -> None:
+    """Remove the directories of API processes that died without cleaning up
+    (SIGKILL, a crash): their arbiter's pid no longer exists. Only our own
+    prefix in the temporary directory, and only directories we can remove."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX):].partition("-")[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def prepare() -> str:
+    """Create this API's private multiprocess directory, export it as
+    ``PROMETHEUS_MULTIPROC_DIR`` (replacing any inherited value: a stale or
+    shared directory would mix in other processes' counts) and answer its
+    path. It is removed at the exit of the process that made it (gunicorn's
+    workers, forked from it, leave it alone). Raises ``RuntimeError`` when
+    ``prometheus_client`` was imported already in this process (its metrics
+    would silently stay per process)."""
+    if "prometheus_client.values" in sys.modules:
+        raise RuntimeError("prometheus_client was imported before the multiprocess directory "
+                           "was set; vpay.api.exposition.prepare() must run first")
+    owner = os.getpid()
+    _remove_orphans()
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{owner}-")
+    os.environ[ENV] = path
+    log.info("api metrics directory", extra={"path": path})
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(remove)
+    return path
+
+
+def child_exit(server, worker) -> None:
+    """gunicorn ``child_exit`` hook: forget a dead worker's live gauges."""
+    from prometheus_client import multiprocess
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def _proxied(environ: dict) -> bool:
+    return "HTTP_FORWARDED" in environ or "HTTP_X_FORWARDED_FOR" in environ
+
+
+def with_metrics(app: Callable) -> Callable:
+    """A WSGI app answering ``GET /metrics`` from every worker's files and
+    passing everything else to ``app``."""
+    from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    exposition = make_wsgi_app(registry)
+
+    def dispatch(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if (environ.get("PATH_INFO") == PATH and environ.get("REQUEST_METHOD") in ("GET", "HEAD")
+                and not _proxied(environ)):
+            return exposition(environ, start_response)
+        return app(environ, start_response)
+
+    return dispatch
