@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from .common import connect_db, echo_rows, fail
+from .common import ROW_ID, connect_db, echo_rows, fail
 from .jobs import _actor
 
 COLUMNS = ("id", "kind", "charge_id", "created_at", "acknowledged_at", "details", "note")
@@ -36,7 +36,7 @@ def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) 
 
 
 @alerts.command("ack")
-@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--all-open", "every", is_flag=True, help="Every open alert (of --kind).")
 @click.option("--kind", default=None, help="With --all-open: only this kind.")
 @click.option("--note", required=True, help="Who owns the case and what was found (stored).")

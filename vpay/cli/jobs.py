@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from .common import connect_db, echo_rows, fail
+from .common import ROW_ID, connect_db, echo_rows, fail
 
 COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", "run_at",
            "locked_by", "lease_expires_at", "last_error")
@@ -60,7 +60,7 @@ def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[
 
 
 @jobs.command("retry")
-@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--all-dead", "every", is_flag=True, help="Every dead letter (of --kind / --lane).")
 @click.option("--kind", default=None, help="With --all-dead: only this job kind.")
 @click.option("--lane", default=None, help="With --all-dead: only this lane.")
@@ -85,7 +85,7 @@ def retry(ids: tuple[int, ...], every: bool, kind: str | None, lane: str | None,
 
 
 @jobs.command("release")
-@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--all-stranded", "every", is_flag=True, help="Every lease past its lease_expires_at.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def release(ids: tuple[int, ...], every: bool, as_json: bool) -> None:

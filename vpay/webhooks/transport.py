@@ -214,6 +214,13 @@ def _post_once(pinned_url: str, body: bytes, headers: dict[str, str], host: str,
                 return Attempt(None, error=f"request error: {_short(exc)}",
                                elapsed=time.monotonic() - started, address=ip)
             with resp:
+                if watch.expired:
+                    # The deadline shut the socket while the headers were
+                    # still arriving: http.client reads that EOF as the end
+                    # of the headers and hands back the status line's code.
+                    # The receiver never finished answering: not a delivery.
+                    return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
+                                   elapsed=time.monotonic() - started, address=ip)
                 excerpt = _read_excerpt(resp)
                 return Attempt(resp.status_code,
                                retry_after=parse_retry_after(resp.headers.get("retry-after"),
