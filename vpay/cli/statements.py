@@ -54,6 +54,8 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
         chosen = choose(profile, mapping)
     except BadMap as exc:
         raise click.UsageError(str(exc)) from None
+    if exceptions_csv is not None:
+        _check_writable(exceptions_csv)
     data = file.read_bytes()
     url, _ = open_db()
     with connect(url) as conn:
@@ -65,6 +67,22 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(result))
     click.echo(json.dumps(result, indent=2) if as_json else report.render(result))
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse (usage, exit 2) an ``--exceptions-csv`` path that cannot be
+    written, before anything is imported: with ``--apply`` the statement is
+    applied and committed first, so a failed write afterwards would report
+    an internal error for an import that did happen."""
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {str(path)!r}: {exc.strerror or exc}",
+                                 param_hint="'--exceptions-csv'") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 @statements.command("list")
@@ -96,6 +114,8 @@ def show(statement_id: str, as_json: bool, exceptions_csv: Path | None) -> None:
     """One recorded statement: its summary and its exceptions."""
     from ..db import connect
     from ..statements import importer, report
+    if exceptions_csv is not None:
+        _check_writable(exceptions_csv)
     url, _ = open_db()
     with connect(url) as conn:
         found = importer.show(conn, statement_id)
