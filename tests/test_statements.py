@@ -512,9 +512,11 @@ def test_an_orange_statement_names_charges_by_order_id(db, merchant):
                                    payer="2250700000001")
     charge = created.charge
     order_id = order_id_for(charge["rail_reference"])
+    # another order id: change the last hex digit (to one it is not: the id is random)
+    other_id = order_id[:-1] + ("0" if order_id[-1] != "0" else "1")
     data = ("reference,rail_transaction_id,amount,currency,status,time\r\n"
             f"{order_id},MP2611.3000.A12345,1500,XOF,SUCCESS,2026-11-30T10:00:00Z\r\n"
-            f"{order_id[:-1]}f,MP2611.3000.A12346,1500.5,XOF,SUCCESS,2026-11-30T10:01:00Z\r\n").encode()
+            f"{other_id},MP2611.3000.A12346,1500.5,XOF,SUCCESS,2026-11-30T10:01:00Z\r\n").encode()
     report = importer.run(db, data, rail="orange", profile=profiles.PROFILES["default"], file_name="om.csv",
                           apply=True)
     assert {k: v["count"] for k, v in report["summary"].items()} == {"settled": 1, "error": 1}
