@@ -162,6 +162,8 @@ def test_database_unreachable_at_boot_exits_69_not_a_drain_code():
         res = subprocess.run([script("vpay-worker")], env=env, capture_output=True, text=True, timeout=60)
         assert res.returncode == 69, res.stdout[-2000:] + res.stderr[-2000:]
         assert "database unreachable at boot" in res.stdout
+        lines = res.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("vpay: database unavailable"), res.stderr
     finally:
         counter.close()
 

@@ -14,7 +14,8 @@ import sys
 import click
 
 from .. import logs
-from .common import EX_UNAVAILABLE, log_level, log_level_option, open_db, refuse
+from .common import (EX_UNAVAILABLE, _unavailable_line, fail, log_level, log_level_option, open_db,
+                     refuse)
 
 log = logging.getLogger("vpay.cli")
 
@@ -103,7 +104,10 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     except PoolTimeout as exc:
         # Not a drain (1) and not a refused configuration (78): systemd retries.
         log.error("database unreachable at boot", extra={"error": str(exc)[:300]})
-        sys.exit(EX_UNAVAILABLE)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        # Like every other refusal: one ``vpay:`` line on stderr too.
+        fail(_unavailable_line(exc), EX_UNAVAILABLE)
     if collector is not None:
         collector.pool = pool
     handler_ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
