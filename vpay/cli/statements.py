@@ -56,7 +56,11 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
         raise click.UsageError(str(exc)) from None
     if exceptions_csv is not None:
         _check_writable(exceptions_csv)
-    data = file.read_bytes()
+    from ..statements.reader import read_path
+    try:
+        data = read_path(file)
+    except BadFile as exc:
+        fail(f"{file.name}: {exc}")
     url, _ = open_db()
     with connect(url) as conn:
         try:
