@@ -193,6 +193,7 @@ __all__ = [
     "main",
 ]
 
+from . import server as _server  # noqa: E402
 from .server import SandboxServer, is_loopback_host  # noqa: E402
 
 log = logging.getLogger("vpay.sandbox.mtn")
@@ -525,7 +526,12 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(body, _Resp):
                 resp = body
             elif path == "/_sandbox" or path.startswith("/_sandbox/"):
-                resp = rail._control(method, path, body)
+                # No authentication on control: a sandbox bound to 0.0.0.0 must
+                # still not let another host script outcomes or reset it.
+                if _server.is_loopback_client(self.client_address):
+                    resp = rail._control(method, path, body)
+                else:
+                    resp = _error(403, "NOT_ALLOWED", "sandbox control endpoints answer loopback clients only")
             else:
                 resp = rail._momo(method, path, self.headers, body)
         except Exception:  # a bug in the sandbox, not a client error
