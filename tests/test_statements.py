@@ -411,6 +411,14 @@ def test_a_device_or_an_oversized_file_is_refused_before_it_is_read(db, db_url, 
     assert _counts(db) == before
 
 
+@pytest.mark.parametrize("args", [("charges", "list"), ("charges", "list", "--status", "pending"),
+                                  ("statements", "list")])
+def test_an_empty_list_says_none_like_the_other_list_commands(db, db_url, args):
+    out = _cli(db_url, *args)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "(none)\n"
+
+
 def test_a_utf8_byte_order_mark_is_read_as_the_same_statement(ledger, db, db_url, tmp_path):
     charge = _one_to_settle(ledger)
     path = tmp_path / "excel.csv"

@@ -102,6 +102,9 @@ def list_(as_json: bool, limit: int) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    if not rows:
+        click.echo("(none)")  # as every other list command
+        return
     click.echo(f"{'statement':<28} {'rail':<6} {'lines':>7}  {'period':<53} outcomes")
     for r in rows:
         period = f"{r['period']['start'] or '-'} .. {r['period']['end'] or '-'}"
