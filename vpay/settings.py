@@ -24,7 +24,17 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float, maximum: float) -> float:
+def env_seconds(name: str, default: float | None, *, maximum: float, minimum: float = 0.0,
+                env: Mapping[str, str] | None = None,
+                error: type[Exception] = ConfigError) -> float | None:
+    """The setting ``name`` (``env``, default ``os.environ``) as seconds, or
+    ``default`` when it is unset or blank. Raises ``error`` (``ConfigError``
+    by default: the commands exit 78) unless it is a finite number above
+    ``minimum`` and at most ``maximum``: a 0, negative, NaN or infinite
+    timeout would only fail, or hang, at the first call that uses it. The
+    message names the variable, the bounds and what was given. The one
+    parser for every ``*_SECONDS`` setting (API, rail adapters, webhooks)."""
+    env = os.environ if env is None else env
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -32,8 +42,9 @@ def _seconds(env: Mapping[str, str], name: str, default: float, maximum: float) 
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and 0 < value <= maximum):
-        raise ConfigError(f"{name} must be a number of seconds above 0 and at most {maximum:g}, got {raw!r}")
+    if not (math.isfinite(value) and minimum < value <= maximum):
+        raise error(f"{name} must be a number of seconds above {minimum:g} and at most {maximum:g}, "
+                    f"got {raw!r}")
     return value
 
 
@@ -87,5 +98,6 @@ class Settings:
         env = os.environ if environ is None else environ
         return cls(prompt_ttl_seconds=_positive_int(env, "VPAY_PROMPT_TTL_SECONDS", 900),
                    retention_days=_retention_days(env),
-                   api_rail_timeout_seconds=_seconds(env, "VPAY_API_RAIL_TIMEOUT_SECONDS",
-                                                     API_RAIL_TIMEOUT_SECONDS, 60.0))
+                   api_rail_timeout_seconds=env_seconds("VPAY_API_RAIL_TIMEOUT_SECONDS",
+                                                     API_RAIL_TIMEOUT_SECONDS, maximum=60.0,
+                                                     env=env))

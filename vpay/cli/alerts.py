@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from .common import ROW_ID, connect_db, echo_json, echo_table, fail
+from .common import ROW_ID, connect_db, echo_rows, fail
 from .jobs import _actor
 
 COLUMNS = ("id", "kind", "charge_id", "created_at", "acknowledged_at", "details", "note")
@@ -42,10 +42,7 @@ def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) 
     from ..operator import list_alerts
     with connect_db() as conn:
         rows = list_alerts(conn, open_only=open_only, kind=kind, charge=charge)
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, COLUMNS)
+    echo_rows(rows, COLUMNS, as_json)
 
 
 @alerts.command("ack")
@@ -69,8 +66,4 @@ def ack(ids: tuple[int, ...], every: bool, kind: str | None, note: str, as_json:
             rows = acknowledge(conn, chosen, note, _actor()) if chosen else []
         except Refused as exc:
             fail(f"refused, nothing changed: {exc}")
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, ("id", "kind", "charge_id", "acknowledged_at", "note"))
-        click.echo(f"acknowledged {len(rows)}", err=True)
+    echo_rows(rows, ("id", "kind", "charge_id", "acknowledged_at", "note"), as_json, done="acknowledged")

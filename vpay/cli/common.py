@@ -218,3 +218,17 @@ def echo_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
     for line in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+
+
+def echo_rows(rows: list[dict[str, Any]], columns: Sequence[str], as_json: bool,
+              done: str | None = None) -> None:
+    """What an operator command answers: ``rows`` as JSON (``--json``) or as
+    a table of ``columns``; for a table, ``done`` (a past-tense verb) is
+    followed by the row count on stderr (``retried 3``), so stdout stays the
+    table alone."""
+    if as_json:
+        echo_json(rows)
+        return
+    echo_table(rows, columns)
+    if done is not None:
+        click.echo(f"{done} {len(rows)}", err=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from .common import ROW_ID, connect_db, echo_json, echo_table, fail
+from .common import ROW_ID, connect_db, echo_rows, fail
 
 COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", "run_at",
            "locked_by", "lease_expires_at", "last_error")
@@ -68,10 +68,7 @@ def list_(dead: bool, stranded: bool, kind: str | None, lane: str | None, as_jso
     from ..operator import list_jobs
     with connect_db() as conn:
         rows = list_jobs(conn, dead=dead, stranded=stranded, kind=kind, lane=lane)
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, COLUMNS)
+    echo_rows(rows, COLUMNS, as_json)
 
 
 def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[int]:
@@ -105,11 +102,7 @@ def retry(ids: tuple[int, ...], every: bool, kind: str | None, lane: str | None,
             rows = requeue(conn, chosen, note, _actor()) if chosen else []
         except Refused as exc:
             fail(f"refused, nothing changed: {exc}")
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, ("id", "kind", "dedupe_key", "attempts", "last_error"))
-        click.echo(f"retried {len(rows)}", err=True)
+    echo_rows(rows, ("id", "kind", "dedupe_key", "attempts", "last_error"), as_json, done="retried")
 
 
 @jobs.command("release")
@@ -125,8 +118,4 @@ def release(ids: tuple[int, ...], every: bool, as_json: bool) -> None:
             rows = free(conn, chosen, _actor()) if chosen else []
         except Refused as exc:
             fail(f"refused, nothing changed: {exc}")
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, ("id", "kind", "dedupe_key", "failures", "last_error"))
-        click.echo(f"released {len(rows)}", err=True)
+    echo_rows(rows, ("id", "kind", "dedupe_key", "failures", "last_error"), as_json, done="released")

@@ -58,7 +58,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -67,26 +66,24 @@ from typing import Any, Callable, Mapping
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import requests
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    retry_if_result,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_chain,
-    wait_fixed,
-)
-from tenacity.stop import stop_base
-
-from ..http_deadline import Deadline, new_session, parse_retry_after
+from ..http_deadline import Deadline, new_session
 from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 
+from .http import (  # noqa: F401  (MAX_ATTEMPTS etc. re-exported)
+    MAX_ATTEMPTS,
+    RETRY_BUDGET_SECONDS,
+    RETRY_WAITS,
+    NoAnswer,
+    exchange,
+    json_object,
+    lifetime_seconds,
+)
 from vpay.rails.port import (
     CallbackIds,
     ChargeRequest,
     MalformedCallback,
     RailError,
-    RailPaused,
+    RailPaused,  # noqa: F401  (raised through vpay.rails.http.exchange; documented here)
     RailStatus,
     RefundRequest,
     StatusKind,
@@ -150,13 +147,8 @@ _HINT_MAX_CHARS = 128           # identifiers copied from a callback body, for l
 _CODE_MAX_CHARS = 64            # error/reason codes copied from a rail body; a longer one is unreadable
 _ID_MAX_CHARS = 128             # a longer financialTransactionId is unreadable, never truncated
 
-# Transport retries inside one call: attempts, waits between them (seconds),
-# and a budget after which no new attempt starts (seconds).
-MAX_ATTEMPTS = 3
-RETRY_WAITS = (0.2, 0.5)
-RETRY_BUDGET_SECONDS = 15.0
-_RETRIED_HTTP_STATUSES = frozenset({502, 503, 504})
-_BACKPRESSURE_STATUSES = frozenset({429, 503})  # with Retry-After: the rail asks for less traffic
+# Transport retries inside one call (MAX_ATTEMPTS, RETRY_WAITS,
+# RETRY_BUDGET_SECONDS): the rules of vpay.rails.http, shared with Orange.
 
 DEFAULT_TOTAL_TIMEOUT_SECONDS = 20.0
 """One call's whole time (``VPAY_MTN_TOTAL_TIMEOUT_SECONDS``): token fetch,
@@ -194,29 +186,6 @@ COLLECTION = "collection"
 DISBURSEMENT = "disbursement"
 
 
-class _NoAnswer(Exception):
-    """Internal: the exchange gave nothing we can act on. Carries only short,
-    credential-free texts; turned into a NO_ANSWER value before leaving the
-    adapter, or MISCONFIGURED when ``misconfigured`` (the token endpoint
-    refused our credentials)."""
-
-    def __init__(self, reason: str, detail: str, http_status: int | None = None,
-                 misconfigured: bool = False):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-        self.http_status = http_status
-        self.misconfigured = misconfigured
-
-    def submit(self) -> Submit:
-        kind = SubmitKind.MISCONFIGURED if self.misconfigured else SubmitKind.NO_ANSWER
-        return Submit(kind, reason=self.reason, http_status=self.http_status)
-
-    def status(self) -> RailStatus:
-        kind = StatusKind.MISCONFIGURED if self.misconfigured else StatusKind.NO_ANSWER
-        return RailStatus(kind, reason=self.reason, http_status=self.http_status, detail=self.detail)
-
-
 class _Product:
     """One MoMo product's credentials and access-token cache. ``name`` is
     the URL segment (``collection``, ``disbursement``): its token lives at
@@ -232,7 +201,7 @@ class _Product:
         self.basic_auth = "Basic " + base64.b64encode(f"{api_user}:{api_key}".encode()).decode("ascii")
         self.lock = threading.Lock()
         self.token: tuple[str, float] | None = None  # (access_token, expires_at per clock)
-        self.failed: tuple["_NoAnswer", float] | None = None  # (the failure, until per clock)
+        self.failed: tuple["NoAnswer", float] | None = None  # (the failure, until per clock)
 
     def __repr__(self) -> str:
         return f"_Product({self.name!r})"
@@ -424,16 +393,11 @@ class MtnMomo:
                 headers=lambda token: self._request_to_pay_headers(token, charge.rail_reference),
                 json_body=body,
             )
-        except _NoAnswer as no:
+        except NoAnswer as no:
             self._log_no_answer("request_to_pay", "charge", charge.charge_id, charge.rail_reference, no)
             return no.submit()
 
         submit = self._submit_from_response(response, product, token, fresh_token=fresh)
-        log.info(
-            "mtn request_to_pay charge=%s reference=%s -> %s (http %s, reason %s)",
-            charge.charge_id, charge.rail_reference, submit.kind.value,
-            submit.http_status, submit.reason,
-        )
         return submit
 
     def _request_to_pay_body(self, charge: ChargeRequest) -> dict[str, Any]:
@@ -521,21 +485,17 @@ class MtnMomo:
         to the port's ``RailStatus``: the one status read of both products
         (collection: ``status``; disbursement: ``refund_status``), so a charge
         and a refund can never be read by different rules. ``op``, ``noun``
-        and ``our_id`` name the call in the log line; ``currency`` is the one
+        and ``our_id`` name the call in the no-answer log line; ``currency`` is the one
         we asked for (its exponent reads an amount reported without a
         currency). Never raises for the rail's answers."""
         url = f"{self.base_url}/{resource}/{quote(reference, safe='')}"
         try:
             response, token, fresh = self._call(product, "GET", url)
-        except _NoAnswer as no:
+        except NoAnswer as no:
             self._log_no_answer(op, noun, our_id, reference, no)
             return no.status()
 
         result = self._status_from_response(response, product, token, currency, fresh_token=fresh)
-        log.info(
-            "mtn %s %s=%s reference=%s -> %s (http %s, reason %s)",
-            op, noun, our_id, reference, result.kind.value, result.http_status, result.reason,
-        )
         return result
 
     def _status_from_response(self, response: requests.Response, product: _Product,
@@ -598,16 +558,11 @@ class MtnMomo:
                 headers=lambda token: self._api_headers(product, token)
                 | {"X-Reference-Id": refund.rail_reference},
                 json_body=body)
-        except _NoAnswer as no:
+        except NoAnswer as no:
             self._log_no_answer("refund", "refund", refund.refund_id, refund.rail_reference, no)
             return no.submit()
 
         submit = self._submit_from_response(response, product, token, fresh_token=fresh)
-        log.info(
-            "mtn refund refund=%s reference=%s of=%s -> %s (http %s, reason %s)",
-            refund.refund_id, refund.rail_reference, refund.charge_rail_reference,
-            submit.kind.value, submit.http_status, submit.reason,
-        )
         return submit
 
     @rail_call("refund_status")
@@ -664,7 +619,7 @@ class MtnMomo:
         """
         # Waiting for another thread's fetch counts against this call's deadline.
         if not product.lock.acquire(timeout=max(deadline.remaining(), 0.001)):
-            raise _NoAnswer("TIMEOUT", "deadline passed waiting for another call's token fetch")
+            raise NoAnswer("TIMEOUT", "deadline passed waiting for another call's token fetch")
         try:
             now = self._clock()
             if product.token is not None and now < product.token[1]:
@@ -673,7 +628,7 @@ class MtnMomo:
                 raise product.failed[0]
             try:
                 token, lifetime = self._fetch_token(product, deadline)
-            except _NoAnswer as failure:
+            except NoAnswer as failure:
                 product.failed = (failure, self._clock() + TOKEN_FAILURE_MEMORY_SECONDS)
                 raise
             product.failed = None
@@ -684,7 +639,7 @@ class MtnMomo:
             product.lock.release()
 
     def _fetch_token(self, product: _Product, deadline: Deadline) -> tuple[str, float]:
-        """``(access_token, expires_in seconds)``; raises ``_NoAnswer``."""
+        """``(access_token, expires_in seconds)``; raises ``NoAnswer``."""
         response = self._exchange(
             "POST",
             f"{self.base_url}/{product.name}/token/",
@@ -700,18 +655,18 @@ class MtnMomo:
             refused = response.status_code in (401, 403) or code in CONFIGURATION_CODES
             if refused:
                 self._log_misconfigured(product, response.status_code, code)
-            raise _NoAnswer(
+            raise NoAnswer(
                 reason=code or f"TOKEN_HTTP_{response.status_code}",
                 detail=f"token endpoint answered HTTP {response.status_code}",
                 http_status=response.status_code,
                 misconfigured=refused,
             )
-        payload = _json_object(response.content)
+        payload = json_object(response.content)
         token = payload.get("access_token") if payload else None
         if not isinstance(token, str) or not token:
-            raise _NoAnswer(reason="TOKEN_MALFORMED", detail="token endpoint body has no access_token",
+            raise NoAnswer(reason="TOKEN_MALFORMED", detail="token endpoint body has no access_token",
                             http_status=200)
-        return token, _lifetime_seconds(payload.get("expires_in"))
+        return token, lifetime_seconds(payload.get("expires_in"))
 
     def _drop_token(self, product: _Product, token: str) -> None:
         """Forget ``token`` after a 401, so the next call fetches a new one.
@@ -750,7 +705,7 @@ class MtnMomo:
         ``expires_in``) the token is dropped, a new one fetched and the
         exchange made once more, before anything else (design/rails.md).
         ``headers(token)`` builds the request headers (default: the product's
-        API headers). Raises ``_NoAnswer`` when no response came (the deadline
+        API headers). Raises ``NoAnswer`` when no response came (the deadline
         passed: reason ``TIMEOUT``), and ``RailPaused`` when the answer was a
         429/503 with ``Retry-After``.
         """
@@ -786,60 +741,20 @@ class MtnMomo:
         has passed; any other answer is returned at once. Retrying a POST is
         safe here: the token call has no effect, and request-to-pay and
         refund are idempotent by ``X-Reference-Id`` (a duplicate gets 409).
-        Returns the last response (possibly a 503); raises ``_NoAnswer`` when
+        Returns the last response (possibly a 503); raises ``NoAnswer`` when
         no response came, and ``RailPaused`` (after closing the gate) for a
         429 or 503 carrying ``Retry-After``.
         """
-        retrying = Retrying(
-            retry=(
-                retry_if_exception_type((requests.ConnectionError, requests.Timeout))
-                | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES
-                                  and "retry-after" not in r.headers)
-            ),
-            stop=(stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS)
-                  | _DeadlinePassed(deadline)),
-            wait=wait_chain(*(wait_fixed(w) for w in RETRY_WAITS)),
-            sleep=self._sleep,
-            # Out of attempts: hand back the last response, or re-raise the
-            # last transport error, instead of tenacity's RetryError.
-            retry_error_callback=lambda state: state.outcome.result(),
-        )
-        try:
-            response = retrying(
-                self._session.request, method, url,
-                headers=dict(headers), json=json_body, timeout=self.timeout,
-            )
-        except requests.RequestException as exc:
-            if deadline.expired:
-                raise _NoAnswer("TIMEOUT", f"total deadline of {deadline.seconds:g} s passed") from None
-            if isinstance(exc, requests.Timeout):
-                # Only the class name: exception texts can carry URLs.
-                raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__}) after retries") from None
-            raise _NoAnswer("CONNECTION_ERROR", f"{type(exc).__name__} after retries") from None
-        if response.status_code in _BACKPRESSURE_STATUSES:
-            wait = parse_retry_after(response.headers.get("retry-after"), response.headers.get("date"))
-            if wait is not None and wait > 0:
-                left = self.gate.pause(wait, f"HTTP {response.status_code} Retry-After "
-                                             f"{response.headers.get('retry-after', '')[:40]}")
-                raise RailPaused(self.code, left, f"HTTP {response.status_code} with Retry-After")
-        return response
+        return exchange(self._session, method, url, rail=self.code, gate=self.gate,
+                        deadline=deadline, timeout=self.timeout, sleep=self._sleep,
+                        detail_suffix=" after retries", headers=dict(headers), json=json_body)
 
     def _log_no_answer(self, operation: str, label: str, ident: str, reference: str,
-                       no: _NoAnswer) -> None:
+                       no: NoAnswer) -> None:
         log.warning(
             "mtn %s %s=%s reference=%s -> no answer: %s (reason %s)",
             operation, label, ident, reference, no.detail, no.reason,
         )
-
-
-class _DeadlinePassed(stop_base):
-    """tenacity stop condition: no new attempt once the call's deadline has passed."""
-
-    def __init__(self, deadline: Deadline):
-        self.deadline = deadline
-
-    def __call__(self, retry_state) -> bool:
-        return self.deadline.remaining() <= 0
 
 
 # --- Helpers (pure) ----------------------------------------------------------
@@ -901,7 +816,7 @@ def _status_from_body(content: bytes, currency: str) -> RailStatus:
     A FAILED whose reason is in ``CONFIGURATION_FAILURE_REASONS`` carries
     ``configuration=True``.
     """
-    body = _json_object(content)
+    body = json_object(content)
     if body is None:
         return RailStatus(StatusKind.NO_ANSWER, http_status=200, detail="status body is not a JSON object")
     status = body.get("status")
@@ -969,27 +884,8 @@ def _visible_id(value: Any) -> str | None:
 
 def _error_code(response: requests.Response) -> str | None:
     """The ``code`` of a MoMo error body ``{code, message}``, when there is one."""
-    body = _json_object(response.content)
+    body = json_object(response.content)
     return _reason_code(body.get("code")) if body else None
-
-
-def _json_object(content: bytes) -> dict[str, Any] | None:
-    """``content`` parsed as a JSON object, or None if it is not one."""
-    try:
-        value = json.loads(content)
-    except ValueError:  # includes JSONDecodeError and UnicodeDecodeError
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _lifetime_seconds(expires_in: Any) -> float:
-    """A token's ``expires_in`` (seconds) as a float; 0 (use once, do not
-    cache) when missing or not a positive finite number."""
-    try:
-        lifetime = float(expires_in)
-    except (TypeError, ValueError):
-        return 0.0
-    return lifetime if math.isfinite(lifetime) and lifetime > 0 else 0.0
 
 
 def _short_id(value: Any) -> str | None:

@@ -28,8 +28,8 @@ Sources for every rule below (checked with the project's ``search`` tool):
 * The design page, "Callbacks are hints": a callback yields identifiers only;
   only the authenticated status query moves money.
 
-Shape of the adapter (the same as ``vpay.rails.mtn``, kept self-contained so
-that the two adapters can change independently):
+Shape of the adapter (the same as ``vpay.rails.mtn``; the transport, retries,
+backpressure and "no answer" value are ``vpay.rails.http``, shared by both):
 
 * ``request_to_pay``, ``status`` and ``parse_callback``'s callers never see an
   exception for anything Orange (or the network) does: every answer becomes a
@@ -66,7 +66,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -75,27 +74,27 @@ from typing import Any, Callable, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import requests
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    retry_if_result,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_chain,
-    wait_fixed,
-)
-from tenacity.stop import stop_base
-
 from ..currency import exponent
-from ..http_deadline import Deadline, new_session, parse_retry_after
+from ..http_deadline import Deadline, new_session
 from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 from ..metrics import rail_call
+from .http import (  # noqa: F401  (MAX_ATTEMPTS etc. re-exported)
+    MAX_ATTEMPTS,
+    RETRY_BUDGET_SECONDS,
+    RETRY_TRANSPORT_AND_5XX,
+    RETRY_UNSENT_ONLY,
+    RETRY_WAITS,
+    NoAnswer,
+    exchange,
+    json_object,
+    lifetime_seconds,
+)
 from .port import (
     CallbackIds,
     ChargeRequest,
     MalformedCallback,
     RailError,
-    RailPaused,
+    RailPaused,  # noqa: F401  (raised through vpay.rails.http.exchange; documented here)
     RailStatus,
     RefundRequest,
     StatusKind,
@@ -112,13 +111,9 @@ _HINT_MAX_CHARS = 128            # identifiers copied from a callback body, for 
 _NOTIF_TOKEN_MAX_CHARS = 256     # a longer "token" is not one of Orange's: ignored
 _URL_MAX_CHARS = 2048            # a payment_url longer than this is not stored
 
-# Transport retries inside one call (status reads and the token only; see
+# Transport retries inside one call (MAX_ATTEMPTS, RETRY_WAITS,
+# RETRY_BUDGET_SECONDS, vpay.rails.http; status reads and the token only: see
 # ``OrangeMoney._exchange`` for why the init is not retried).
-MAX_ATTEMPTS = 3
-RETRY_WAITS = (0.2, 0.5)
-RETRY_BUDGET_SECONDS = 15.0
-_RETRIED_HTTP_STATUSES = frozenset({502, 503, 504})
-_BACKPRESSURE_STATUSES = frozenset({429, 503})  # with Retry-After: Orange asks for less traffic
 DEFAULT_TOTAL_TIMEOUT_SECONDS = 20.0
 """One call's whole time (``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``)."""
 
@@ -183,28 +178,6 @@ def notif_url_with_reference(notif_url: str, reference: str) -> str:
     params = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "ref"]
     params.append(("ref", reference))
     return urlunsplit(parts._replace(query=urlencode(params)))
-
-
-class _NoAnswer(Exception):
-    """Internal: the exchange gave nothing we can act on. Carries only short,
-    credential-free texts. ``misconfigured``: the token endpoint refused our
-    client credentials (MISCONFIGURED, not NO_ANSWER)."""
-
-    def __init__(self, reason: str, detail: str, http_status: int | None = None,
-                 misconfigured: bool = False):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-        self.http_status = http_status
-        self.misconfigured = misconfigured
-
-    def submit(self) -> Submit:
-        kind = SubmitKind.MISCONFIGURED if self.misconfigured else SubmitKind.NO_ANSWER
-        return Submit(kind, reason=self.reason, http_status=self.http_status)
-
-    def status(self) -> RailStatus:
-        kind = StatusKind.MISCONFIGURED if self.misconfigured else StatusKind.NO_ANSWER
-        return RailStatus(kind, reason=self.reason, http_status=self.http_status, detail=self.detail)
 
 
 class OrangeMoney:
@@ -406,20 +379,17 @@ class OrangeMoney:
         try:
             response, token = self._call("POST", f"{self._webpay}/webpayment", json_body=body,
                                          retry_sent=False)
-        except _NoAnswer as no:
+        except NoAnswer as no:
             self._log_no_answer("request_to_pay", charge, no)
             return no.submit()
 
         submit = self._submit_from_response(response, token, charge.resend)
-        log.info("orange request_to_pay charge=%s reference=%s order=%s -> %s (http %s, reason %s)",
-                 charge.charge_id, charge.rail_reference, body["order_id"], submit.kind.value,
-                 submit.http_status, submit.reason)
         return submit
 
     def _submit_from_response(self, response: requests.Response, token: str, resend: bool) -> Submit:
         http = response.status_code
         if http in (200, 201):
-            payload = _json_object(response.content) or {}
+            payload = json_object(response.content) or {}
             data = {key: payload.get(key) for key in (PAY_TOKEN, PAYMENT_URL, NOTIF_TOKEN)}
             if all(isinstance(v, str) and v.strip() for v in data.values()) \
                     and _usable_url(data[PAYMENT_URL]) \
@@ -485,14 +455,11 @@ class OrangeMoney:
         body = {"order_id": order_id, "amount": _whole_amount(charge.amount), "pay_token": pay_token}
         try:
             response, token = self._call("POST", f"{self._webpay}/transactionstatus", json_body=body)
-        except _NoAnswer as no:
+        except NoAnswer as no:
             self._log_no_answer("status", charge, no)
             return no.status()
 
         result = self._status_from_response(response, token, order_id, charge.currency)
-        log.info("orange status charge=%s reference=%s -> %s (http %s, reason %s)",
-                 charge.charge_id, charge.rail_reference, result.kind.value,
-                 result.http_status, result.reason)
         return result
 
     def _status_from_response(self, response: requests.Response, token: str,
@@ -521,7 +488,6 @@ class OrangeMoney:
         """Orange Money Web Payment offers no refund call to this adapter:
         always REJECTED ``REFUND_NOT_SUPPORTED``, nothing sent, so the refund
         fails at once and no money is promised back."""
-        log.info("orange refund refund=%s -> rejected: not supported by this rail", refund.refund_id)
         return Submit(SubmitKind.REJECTED, reason="REFUND_NOT_SUPPORTED")
 
     @rail_call("refund_status")
@@ -564,7 +530,7 @@ class OrangeMoney:
         The lock is held during the fetch: threads finding the cache empty
         wait for one fetch, for at most what is left of their own deadline."""
         if not self._token_lock.acquire(timeout=max(deadline.remaining(), 0.001)):
-            raise _NoAnswer("TIMEOUT", "deadline passed waiting for another call's token fetch")
+            raise NoAnswer("TIMEOUT", "deadline passed waiting for another call's token fetch")
         try:
             now = self._clock()
             if self._token is not None and now < self._token[1]:
@@ -577,7 +543,7 @@ class OrangeMoney:
             self._token_lock.release()
 
     def _fetch_token(self, deadline: Deadline) -> tuple[str, float]:
-        """``(access_token, expires_in seconds)``; raises ``_NoAnswer``."""
+        """``(access_token, expires_in seconds)``; raises ``NoAnswer``."""
         response = self._exchange(
             "POST", f"{self.base_url}/oauth/v3/token",
             headers={"Authorization": self._client_basic, "Accept": "application/json"},
@@ -588,15 +554,15 @@ class OrangeMoney:
             if refused:
                 log.error("orange token endpoint refused our client credentials (HTTP %s): an "
                           "operator must fix VPAY_ORANGE_CLIENT_ID / _SECRET", response.status_code)
-            raise _NoAnswer(reason=f"TOKEN_HTTP_{response.status_code}",
+            raise NoAnswer(reason=f"TOKEN_HTTP_{response.status_code}",
                             detail=f"token endpoint answered HTTP {response.status_code}",
                             http_status=response.status_code, misconfigured=refused)
-        payload = _json_object(response.content)
+        payload = json_object(response.content)
         token = payload.get("access_token") if payload else None
         if not isinstance(token, str) or not token:
-            raise _NoAnswer(reason="TOKEN_MALFORMED", detail="token endpoint body has no access_token",
+            raise NoAnswer(reason="TOKEN_MALFORMED", detail="token endpoint body has no access_token",
                             http_status=200)
-        return token, _lifetime_seconds(payload.get("expires_in"))
+        return token, lifetime_seconds(payload.get("expires_in"))
 
     def _drop_token(self, token: str) -> None:
         """Forget ``token`` after a 401 (only that one: another thread may
@@ -618,7 +584,7 @@ class OrangeMoney:
         one ``Deadline(total_timeout)``: a token, the exchange, and on a 401
         a new token and the exchange once more (a 401 means Orange did not
         act on the request, so re-sending the init is safe). Raises
-        ``_NoAnswer`` when no response came, ``RailPaused`` for a 429/503
+        ``NoAnswer`` when no response came, ``RailPaused`` for a 429/503
         with ``Retry-After``."""
         self.gate.check()
         with Deadline(self.total_timeout) as deadline:
@@ -645,60 +611,24 @@ class OrangeMoney:
         it (the init: a second init with the same ``order_id`` is refused
         with 403, and the first one's answer would be lost), only a
         connection that timed out before it was established is retried: the
-        request never left. Returns the last response; raises ``_NoAnswer``
+        request never left. Returns the last response; raises ``NoAnswer``
         when no response came, and ``RailPaused`` (after closing the gate)
         for a 429 or 503 carrying ``Retry-After`` (such a 503 is not retried).
         No attempt starts once ``deadline`` has passed.
         """
-        if retry_sent:
-            retry = (retry_if_exception_type((requests.ConnectionError, requests.Timeout))
-                     | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES
-                                       and "retry-after" not in r.headers))
-        else:
-            retry = retry_if_exception_type(requests.ConnectTimeout)
-        retrying = Retrying(
-            retry=retry,
-            stop=(stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS)
-                  | _DeadlinePassed(deadline)),
-            wait=wait_chain(*(wait_fixed(w) for w in RETRY_WAITS)),
-            sleep=self._sleep,
-            retry_error_callback=lambda state: state.outcome.result(),
-        )
-        kwargs: dict[str, Any] = {"headers": dict(headers), "timeout": self.timeout}
+        kwargs: dict[str, Any] = {"headers": dict(headers)}
         if json_body is not None:
             kwargs["json"] = json_body
         if form_body is not None:
             kwargs["data"] = dict(form_body)
-        try:
-            response = retrying(self._session.request, method, url, **kwargs)
-        except requests.RequestException as exc:
-            if deadline.expired:
-                raise _NoAnswer("TIMEOUT", f"total deadline of {deadline.seconds:g} s passed") from None
-            if isinstance(exc, requests.Timeout):
-                # Only the class name: exception texts can carry URLs.
-                raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__})") from None
-            raise _NoAnswer("CONNECTION_ERROR", type(exc).__name__) from None
-        if response.status_code in _BACKPRESSURE_STATUSES:
-            wait = parse_retry_after(response.headers.get("retry-after"), response.headers.get("date"))
-            if wait is not None and wait > 0:
-                left = self.gate.pause(wait, f"HTTP {response.status_code} Retry-After "
-                                             f"{response.headers.get('retry-after', '')[:40]}")
-                raise RailPaused(self.code, left, f"HTTP {response.status_code} with Retry-After")
-        return response
+        return exchange(self._session, method, url, rail=self.code, gate=self.gate,
+                        deadline=deadline, timeout=self.timeout, sleep=self._sleep,
+                        retry=RETRY_TRANSPORT_AND_5XX if retry_sent else RETRY_UNSENT_ONLY,
+                        **kwargs)
 
-    def _log_no_answer(self, operation: str, charge: ChargeRequest, no: _NoAnswer) -> None:
+    def _log_no_answer(self, operation: str, charge: ChargeRequest, no: NoAnswer) -> None:
         log.warning("orange %s charge=%s reference=%s -> no answer: %s (reason %s)",
                     operation, charge.charge_id, charge.rail_reference, no.detail, no.reason)
-
-
-class _DeadlinePassed(stop_base):
-    """tenacity stop condition: no new attempt once the call's deadline has passed."""
-
-    def __init__(self, deadline: Deadline):
-        self.deadline = deadline
-
-    def __call__(self, retry_state) -> bool:
-        return self.deadline.remaining() <= 0
 
 
 # --- Helpers (pure) ----------------------------------------------------------
@@ -743,7 +673,7 @@ def _status_from_body(content: bytes, http: int, order_id: str, currency: str) -
     The status body documented by Orange carries neither amount nor currency
     (``{status, order_id, txnid}``); they are read when present.
     """
-    body = _json_object(content)
+    body = json_object(content)
     if body is None:
         return RailStatus(StatusKind.NO_ANSWER, http_status=http, detail="status body is not a JSON object")
     answered_order = body.get("order_id")
@@ -790,30 +720,12 @@ def _status_from_body(content: bytes, http: int, order_id: str, currency: str) -
 def _error_code(response: requests.Response) -> str | None:
     """Orange's error ``code`` (``{code, message, description}``), as a short
     string, when the body has one."""
-    body = _json_object(response.content)
+    body = json_object(response.content)
     code = body.get("code") if body else None
     if isinstance(code, bool) or not isinstance(code, (str, int)):
         return None
     code = str(code).strip()
     return code if _CODE_RE.match(code) else None
-
-
-def _json_object(content: bytes) -> dict[str, Any] | None:
-    try:
-        value = json.loads(content)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _lifetime_seconds(expires_in: Any) -> float:
-    """``expires_in`` (seconds, number or numeric string) as a float; 0 (use
-    once, do not cache) when missing or not a positive finite number."""
-    try:
-        lifetime = float(expires_in)
-    except (TypeError, ValueError):
-        return 0.0
-    return lifetime if math.isfinite(lifetime) and lifetime > 0 else 0.0
 
 
 def _usable_url(value: str) -> bool:

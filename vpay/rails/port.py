@@ -17,6 +17,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
+from ..settings import env_seconds
+
 
 class RailError(Exception):
     """A rail adapter could not be built or called as configured (missing base
@@ -47,17 +49,7 @@ def seconds_setting(environ, name: str, maximum: float = 600.0) -> float | None:
     unset. Raises ``RailError`` unless it is a finite number above 0 and at
     most ``maximum`` (a 0, negative, NaN or infinite timeout would only fail,
     or hang, at the first rail call)."""
-    import math
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 < value <= maximum):
-        raise RailError(f"{name} must be a number of seconds above 0 and at most {maximum:g}")
-    return value
+    return env_seconds(name, None, maximum=maximum, env=environ, error=RailError)
 
 
 class MalformedCallback(ValueError):

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import os
 import ssl
 import threading
 import time
@@ -24,7 +23,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import NewConnectionError
 
-from ..db import ConfigError
+from ..settings import env_seconds
 from ..http_deadline import WATCHED_POOLS, Deadline, parse_retry_after
 from .policy import UrlRefused, check_url
 
@@ -43,19 +42,8 @@ def timeouts(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
     """``(connect, read)`` seconds from ``VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS``
     (default 5) and ``VPAY_WEBHOOK_READ_TIMEOUT_SECONDS`` (default 15).
     Raises ``ConfigError`` for a value that is not a positive number."""
-    env = os.environ if environ is None else environ
-
     def one(name: str, default: float) -> float:
-        raw = env.get(name, "").strip()
-        if not raw:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
-        if not 0 < value <= 600:
-            raise ConfigError(f"{name} must be above 0 and at most 600 seconds, got {raw!r}")
-        return value
+        return env_seconds(name, default, maximum=600.0, env=environ)
 
     return one(CONNECT_TIMEOUT_ENV, CONNECT_TIMEOUT_SECONDS), one(READ_TIMEOUT_ENV, READ_TIMEOUT_SECONDS)
 
