@@ -26,6 +26,7 @@ from vpay.rails.mtn import MtnMomo
 from vpay.rails.port import ChargeRequest, SubmitKind
 from vpay.sandbox import statement
 from vpay.signals import ShutdownSignals
+from vpay.statements import reader
 
 pytestmark = pytest.mark.slow
 
@@ -392,6 +393,30 @@ def test_a_bad_file_is_refused_in_one_line_and_nothing_is_applied(ledger, db, db
     [said] = _said(out)
     assert said.startswith("vpay: bad.csv: ") and says in said, out.stderr
     assert _counts(db) == before and ledger.status(charge["id"]) == "pending"
+
+
+@pytest.mark.parametrize("target, says", [("device", "not a regular file"), ("oversize", "larger than 200 MiB")])
+def test_a_device_or_an_oversized_file_is_refused_before_it_is_read(db, db_url, tmp_path, target, says):
+    if target == "device":
+        path = Path("/dev/zero")  # would be read forever
+    else:
+        path = tmp_path / "huge.csv"
+        with path.open("wb") as handle:  # sparse: no disk used
+            handle.truncate(reader.MAX_STATEMENT_BYTES + 1)
+    before = _counts(db)
+    out = _cli(db_url, "statements", "import", str(path), "--rail", "mtn", "--apply")
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    [said] = _said(out)
+    assert said.startswith(f"vpay: {path.name}: ") and says in said, out.stderr
+    assert _counts(db) == before
+
+
+@pytest.mark.parametrize("args", [("charges", "list"), ("charges", "list", "--status", "pending"),
+                                  ("statements", "list")])
+def test_an_empty_list_says_none_like_the_other_list_commands(db, db_url, args):
+    out = _cli(db_url, *args)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "(none)\n"
 
 
 def test_a_utf8_byte_order_mark_is_read_as_the_same_statement(ledger, db, db_url, tmp_path):

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 
+from .alert_kinds import ALERT_KINDS
 from .lanes import LANES
 from .rails.port import RailPaused
 
@@ -221,11 +222,8 @@ STATEMENT_TIMEOUT_MS = 2000
 
 KNOWN_STATES = ("due", "leased", "dead")
 CHARGE_STATUSES = ("pending", "succeeded", "failed", "unresolved")
-ALERT_KINDS = ("charge_unresolved", "rail_contradiction", "job_dead_lettered", "refund_unresolved",
-               "rail_misconfigured", "webhook_endpoint_disabled", "missing_from_statement",
-               "unknown_rail_transaction")
-"""Reported as 0 when absent, so an alert on ``> 0`` resolves instead of
-its series vanishing (contract: "Tables", alert kinds)."""
+# ALERT_KINDS (vpay/alert_kinds.py) are reported as 0 when absent, so an alert
+# on ``> 0`` resolves instead of its series vanishing.
 
 
 class DatabaseCollector:

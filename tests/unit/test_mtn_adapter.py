@@ -598,6 +598,20 @@ def test_from_env_missing_variable_is_named(name, how):
     assert not any(secret in message for secret in SECRETS)
 
 
+@pytest.mark.parametrize("name", ["VPAY_MTN_BASE_URL", "VPAY_MTN_CALLBACK_URL"])
+@pytest.mark.parametrize("value, says", [
+    ("https://momo.example/ collection", "whitespace"), (" https://momo.example", "whitespace"),
+    ("https://momo.example\n", "whitespace"), ("https://momo.ex\x00ample", "control"),
+    ("ftp://momo.example", "http:// or https://"), ("momo.example", "http:// or https://"),
+    ("https://", "no host"), ("https://momo.example:99999", "not a URL"),
+])
+def test_from_env_refuses_a_url_with_whitespace_or_another_scheme_naming_the_variable(name, value, says):
+    with pytest.raises(RailError) as caught:
+        MtnMomo.from_env({**FULL_ENV, name: value})
+    assert name in str(caught.value) and says in str(caught.value)
+    assert value.strip() not in str(caught.value)
+
+
 def test_from_env_names_every_missing_variable():
     with pytest.raises(RailError) as caught:
         MtnMomo.from_env({})

@@ -123,6 +123,17 @@ def test_bad_settings_are_refused(name, value):
         OrangeMoney.from_env({**ENV, name: value})
 
 
+@pytest.mark.parametrize("name", ["VPAY_ORANGE_BASE_URL", "VPAY_ORANGE_NOTIF_URL", "VPAY_ORANGE_RETURN_URL",
+                                  "VPAY_ORANGE_CANCEL_URL"])
+@pytest.mark.parametrize("value, says", [("https://orange.example/ x", "whitespace"),
+                                         ("https://orange.example\r\n", "whitespace"),
+                                         ("javascript://orange.example", "http:// or https://")])
+def test_a_url_with_whitespace_or_another_scheme_is_refused_naming_the_variable(name, value, says):
+    with pytest.raises(RailError) as caught:
+        OrangeMoney.from_env({**ENV, name: value})
+    assert name in str(caught.value) and says in str(caught.value)
+
+
 def test_from_env_reads_timeouts_and_options_and_repr_has_no_secret():
     a = OrangeMoney.from_env({**ENV, "VPAY_ORANGE_CONNECT_TIMEOUT_SECONDS": "1.5",
                               "VPAY_ORANGE_READ_TIMEOUT_SECONDS": "4", "VPAY_ORANGE_LANG": "en",

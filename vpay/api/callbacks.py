@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 
 import falcon
 import psycopg
@@ -111,9 +112,16 @@ def apply_hint(conn: psycopg.Connection, rail: str, reference: str,
 
 
 class CallbackResource:
+    """The callback route of one API worker process. ``rails(code)`` builds
+    the adapter (``RailError`` when that rail is not configured)."""
+
     def __init__(self, db, rails):
         self.db = db
         self.rails = rails
+        # Rails whose unconfigured-callback warning this process has logged:
+        # anyone can post to the route, so each rail is logged once, not per request.
+        self._warned: set[str] = set()
+        self._warned_lock = threading.Lock()
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, code: str) -> None:
         if code not in KNOWN_RAILS:
@@ -121,7 +129,11 @@ class CallbackResource:
         try:
             rail = self.rails(code)
         except RailError:
-            log.error("callback for a rail that is not configured", extra={"rail": code})
+            with self._warned_lock:
+                first = code not in self._warned
+                self._warned.add(code)
+            if first:
+                log.warning("callback for a rail that is not configured", extra={"rail": code})
             raise not_found("Unknown rail.") from None
         body = read_body(req, MAX_BODY_BYTES)
         query = {k: v for k, v in req.params.items()}

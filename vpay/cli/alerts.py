@@ -17,6 +17,15 @@ from .jobs import _actor
 COLUMNS = ("id", "kind", "charge_id", "created_at", "acknowledged_at", "details", "note")
 
 
+def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--kind``: one of ``ALERT_KINDS`` (vpay/alert_kinds.py), else a usage error."""
+    from ..alert_kinds import ALERT_KINDS
+    if value is not None and value not in ALERT_KINDS:
+        raise click.BadParameter(f"unknown alert kind {value!r}; kinds are {','.join(ALERT_KINDS)}",
+                                 ctx, param)
+    return value
+
+
 @click.group()
 def alerts() -> None:
     """Alerts raised for a human: list and acknowledge."""
@@ -24,7 +33,8 @@ def alerts() -> None:
 
 @alerts.command("list")
 @click.option("--open", "open_only", is_flag=True, help="Only alerts not yet acknowledged.")
-@click.option("--kind", default=None, help="Only this kind (charge_unresolved, job_dead_lettered, ...).")
+@click.option("--kind", default=None, callback=_known_kind,
+              help="Only this kind (charge_unresolved, job_dead_lettered, ...).")
 @click.option("--charge", default=None, help="Only this charge's alerts (ch_...).")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) -> None:
@@ -38,7 +48,7 @@ def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) 
 @alerts.command("ack")
 @click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--all-open", "every", is_flag=True, help="Every open alert (of --kind).")
-@click.option("--kind", default=None, help="With --all-open: only this kind.")
+@click.option("--kind", default=None, callback=_known_kind, help="With --all-open: only this kind.")
 @click.option("--note", required=True, help="Who owns the case and what was found (stored).")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def ack(ids: tuple[int, ...], every: bool, kind: str | None, note: str, as_json: bool) -> None:

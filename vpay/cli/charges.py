@@ -66,6 +66,9 @@ def list_(status: str, older_than: str, limit: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    if not rows:
+        click.echo("(none)")  # as every other list command
+        return
     click.echo(f"{'charge':<28} {'rail':<6} {'rail_reference':<36} {'amount':>14} {'age':>8} {'alerts':>6}  "
                f"{'next poll':<25} last error")
     for r in rows:

@@ -31,6 +31,26 @@ def _actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--kind``: one of the handler registry's kinds, else a usage error
+    (a typo would otherwise list "(none)" or retry nothing, exit 0)."""
+    if value is None:
+        return value
+    from ..handlers import REGISTRY
+    if value not in REGISTRY:
+        raise click.BadParameter(f"unknown job kind {value!r}; kinds are {','.join(sorted(REGISTRY))}",
+                                 ctx, param)
+    return value
+
+
+def _known_lane(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--lane``: one of ``vpay.lanes.LANES``, else a usage error."""
+    from ..lanes import LANES
+    if value is not None and value not in LANES:
+        raise click.BadParameter(f"unknown lane {value!r}; lanes are {','.join(LANES)}", ctx, param)
+    return value
+
+
 @click.group()
 def jobs() -> None:
     """The job queue: list jobs, retry dead letters, release stranded leases."""
@@ -39,8 +59,9 @@ def jobs() -> None:
 @jobs.command("list")
 @click.option("--dead", is_flag=True, help="Only dead letters (run_at = infinity).")
 @click.option("--stranded", is_flag=True, help="Only leases past their own lease_expires_at.")
-@click.option("--kind", default=None, help="Only this job kind (poll, deliver, ...).")
-@click.option("--lane", default=None, help="Only this lane (mtn, orange, webhooks, housekeeping).")
+@click.option("--kind", default=None, callback=_known_kind, help="Only this job kind (poll, deliver, ...).")
+@click.option("--lane", default=None, callback=_known_lane,
+              help="Only this lane (mtn, orange, webhooks, housekeeping).")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def list_(dead: bool, stranded: bool, kind: str | None, lane: str | None, as_json: bool) -> None:
     """Jobs, oldest run_at first (at most 1000)."""
@@ -62,8 +83,8 @@ def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[
 @jobs.command("retry")
 @click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--all-dead", "every", is_flag=True, help="Every dead letter (of --kind / --lane).")
-@click.option("--kind", default=None, help="With --all-dead: only this job kind.")
-@click.option("--lane", default=None, help="With --all-dead: only this lane.")
+@click.option("--kind", default=None, callback=_known_kind, help="With --all-dead: only this job kind.")
+@click.option("--lane", default=None, callback=_known_lane, help="With --all-dead: only this lane.")
 @click.option("--note", default="retried by an operator", show_default=True,
               help="Kept on the job_dead_lettered alerts this acknowledges, and in the audit line.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")

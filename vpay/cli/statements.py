@@ -56,7 +56,11 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
         raise click.UsageError(str(exc)) from None
     if exceptions_csv is not None:
         _check_writable(exceptions_csv)
-    data = file.read_bytes()
+    from ..statements.reader import read_path
+    try:
+        data = read_path(file)
+    except BadFile as exc:
+        fail(f"{file.name}: {exc}")
     url, _ = open_db()
     with connect(url) as conn:
         try:
@@ -97,6 +101,9 @@ def list_(as_json: bool, limit: int) -> None:
         rows = list_statements(conn, limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("(none)")  # as every other list command
         return
     click.echo(f"{'statement':<28} {'rail':<6} {'lines':>7}  {'period':<53} outcomes")
     for r in rows:

@@ -89,6 +89,7 @@ from vpay.rails.port import (
     StatusKind,
     Submit,
     SubmitKind,
+    http_url_problem,
     seconds_setting,
 )
 
@@ -277,8 +278,10 @@ class MtnMomo:
         missing = [name for name, value in required.items() if not value]
         if missing:
             raise RailError(f"MTN MoMo adapter: missing setting(s): {', '.join(missing)}")
-        if urlsplit(base_url).scheme not in ("http", "https"):
-            raise RailError("MTN MoMo adapter: base_url must be an http(s) URL")
+        for name, url in (("base_url", base_url), ("callback_url", callback_url)):
+            problem = http_url_problem(url) if url else None
+            if problem:
+                raise RailError(f"MTN MoMo adapter: {name} {problem}")
 
         self.base_url = base_url.rstrip("/")
         self.target_environment = target_environment
@@ -315,8 +318,9 @@ class MtnMomo:
         to the constructor (timeouts, session, clock, sleep) and win.
 
         Raises ``RailError`` naming every missing or empty required variable
-        (names only, never values), or a timeout that is not a number of
-        seconds in range.
+        (names only, never values), a URL that ``port.http_url_problem``
+        refuses (whitespace, control characters, a scheme other than
+        http/https), or a timeout that is not a number of seconds in range.
         """
         names = (_ENV_BASE_URL, _ENV_SUBSCRIPTION_KEY, _ENV_API_USER, _ENV_API_KEY)
         missing = [name for name in names if not environ.get(name)]
@@ -333,6 +337,10 @@ class MtnMomo:
         pause = seconds_setting(environ, _ENV_MAX_PAUSE, maximum=3600.0)
         if pause is not None and "max_pause" not in kwargs:
             kwargs["max_pause"] = pause
+        for name in (_ENV_BASE_URL, _ENV_CALLBACK_URL):
+            problem = http_url_problem(environ[name]) if environ.get(name) else None
+            if problem:  # named by its variable (never shown: it may carry a token)
+                raise RailError(f"MTN MoMo adapter: {name} {problem}")
         for key, name in _ENV_DISBURSEMENT.items():
             if key not in kwargs and environ.get(name):
                 kwargs[key] = environ[name]

@@ -100,6 +100,7 @@ from .port import (
     StatusKind,
     Submit,
     SubmitKind,
+    http_url_problem,
     seconds_setting,
 )
 
@@ -247,8 +248,9 @@ class OrangeMoney:
         if missing:
             raise RailError(f"Orange Money adapter: missing setting(s): {', '.join(missing)}")
         for name in ("base_url", "notif_url", "return_url", "cancel_url"):
-            if urlsplit(required[name]).scheme not in ("http", "https"):
-                raise RailError(f"Orange Money adapter: {name} must be an http(s) URL")
+            problem = http_url_problem(required[name])
+            if problem:
+                raise RailError(f"Orange Money adapter: {name} {problem}")
         if not _COUNTRY_RE.match(country):
             raise RailError("Orange Money adapter: country must be a path segment such as "
                             "'cm', 'ci', 'sn' or 'dev'")
@@ -289,12 +291,17 @@ class OrangeMoney:
         default 300, at most 3600). ``kwargs`` go to the constructor and win.
 
         Raises ``RailError`` naming every missing variable (names only,
-        never values).
+        never values), or a URL variable that ``port.http_url_problem``
+        refuses (whitespace, control characters, not http/https).
         """
         missing = [name for name in _ENV.values() if not environ.get(name)]
         if missing:
             raise RailError("Orange Money adapter: missing environment variable(s): "
                             + ", ".join(missing))
+        for key in ("base_url", "notif_url", "return_url", "cancel_url"):
+            problem = http_url_problem(environ[_ENV[key]])
+            if problem:  # named by its variable, never shown
+                raise RailError(f"Orange Money adapter: {_ENV[key]} {problem}")
         for key, name in _ENV_TIMEOUTS.items():
             value = seconds_setting(environ, name)
             if value is not None and key not in kwargs:

@@ -258,3 +258,24 @@ class RefundRequest:
     amount: int
     currency: str
     payer: str
+
+
+def http_url_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a rail's base URL or one of our callback URLs,
+    or ``None`` when it can: it must be ``http://`` or ``https://`` with a
+    host and a valid port, and hold no whitespace or control character
+    anywhere (``requests`` would otherwise send to a mangled URL, or one
+    with a pasted line break, on every call instead of refusing at boot)."""
+    from urllib.parse import urlsplit
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        return "contains whitespace or a control character"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises ValueError on a bad port)
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https"):
+        return "must be an http:// or https:// URL"
+    if not parts.hostname:
+        return "has no host"
+    return None

@@ -192,6 +192,7 @@ __all__ = [
     "main",
 ]
 
+from . import server as _server  # noqa: E402
 from .server import SandboxHandler, SandboxServer, is_loopback_host  # noqa: E402
 
 log = logging.getLogger("vpay.sandbox.mtn")
@@ -513,7 +514,12 @@ class _Handler(SandboxHandler):
             if isinstance(body, _Resp):
                 resp = body
             elif path == "/_sandbox" or path.startswith("/_sandbox/"):
-                resp = rail._control(method, path, body)
+                # No authentication on control: a sandbox bound to 0.0.0.0 must
+                # still not let another host script outcomes or reset it.
+                if _server.is_loopback_client(self.client_address):
+                    resp = rail._control(method, path, body)
+                else:
+                    resp = _error(403, "NOT_ALLOWED", "sandbox control endpoints answer loopback clients only")
             else:
                 resp = rail._momo(method, path, self.headers, body)
         except Exception:  # a bug in the sandbox, not a client error

@@ -1,6 +1,7 @@
 """HTTP plumbing shared by the sandbox rails (``mtn.py`` for MoMo,
 ``orange.py`` for Orange Money): a threaded server that never blocks
-``stop()`` on a handler, and the loopback check their callback rules use."""
+``stop()`` on a handler, the loopback check their callback rules use, and
+the loopback-client check of the control endpoints."""
 
 from __future__ import annotations
 
@@ -26,6 +27,21 @@ def is_loopback_host(host: str | None) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def is_loopback_client(client_address: Any) -> bool:
+    """True when a request's peer (``client_address`` as a socketserver
+    handler has it: ``(host, port, ...)``) is a loopback address, an
+    IPv4-mapped one (``::ffff:127.0.0.1``) included. The control endpoints
+    (``/_sandbox/*``) have no authentication and answer only such clients,
+    whatever address the sandbox is bound to (docs/sandbox.md)."""
+    host = client_address[0] if isinstance(client_address, (tuple, list)) and client_address else ""
+    try:
+        address = ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 class SandboxServer(ThreadingHTTPServer):
