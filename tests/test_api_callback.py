@@ -7,6 +7,7 @@ enqueues one; the worker's authenticated status read is what moves money.
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import socket
 import subprocess
@@ -78,14 +79,26 @@ def test_a_second_callback_within_10_seconds_changes_nothing(stack, db):
     assert stack.callback(charge["rail_reference"], SUCCESS_CLAIM).status_code == 202
     assert snapshot(db) == before
 
-    # The worker read it just now (last_polled_at) and parked it on its ladder:
-    # a callback right after that read buys no second read.
-    db.execute("UPDATE charges SET last_polled_at = now() - interval '2 seconds' WHERE id = %s",
+
+
+def test_a_callback_3_s_after_a_read_schedules_the_read_at_that_read_plus_10_s(stack, db):
+    # Issue "Isolation", input 4: a poll parked 15 min out (attempt 25), the
+    # rail's callback 3 s after the last read. MoMo sends it once: the 10 s
+    # spacing may delay the read, never drop it.
+    charge = make_payment(db)
+    db.execute("UPDATE jobs SET attempts = 25 WHERE dedupe_key = %s", (f"poll:{charge['id']}",))
+    _park(db, charge["id"], 15 * 60)
+    db.execute("UPDATE charges SET last_polled_at = now() - interval '3 seconds' WHERE id = %s",
                (charge["id"],))
-    _park(db, charge["id"], 90)
-    before = snapshot(db)
+    others = snapshot(db, "payment_intents", "charges", "events", "alerts")
     assert stack.callback(charge["rail_reference"], SUCCESS_CLAIM, method="PUT").status_code == 202
-    assert snapshot(db) == before
+    run_at, last_polled_at, attempts = db.execute(
+        "SELECT j.run_at, c.last_polled_at, j.attempts FROM jobs j JOIN charges c ON j.dedupe_key = 'poll:' || c.id "
+        "WHERE c.id = %s", (charge["id"],)).fetchone()
+    assert run_at == last_polled_at + datetime.timedelta(seconds=10)
+    assert attempts == 25  # the ladder is untouched: only the next read moved
+    assert snapshot(db, "payment_intents", "charges", "events", "alerts") == others
+    assert stack.proc.wait_for_log("callback hint", charge_id=charge["id"], action="spaced", timeout=5)
 
 
 @pytest.mark.parametrize("state, sql", [
@@ -147,12 +160,17 @@ def test_a_charge_without_a_poll_job_gets_one_and_a_terminal_charge_one_verifica
                timeout=15, what="settlement and its fan-out")
     assert _status_reads(stack.rail, ref) == 1
 
-    # Just read: a callback now changes nothing.
-    before = snapshot(db)
+    # Just read: a callback now is not dropped; its read waits for the 10 s spacing.
+    before = snapshot(db, "payment_intents", "charges", "events", "alerts")
     assert stack.callback(ref, SUCCESS_CLAIM).status_code == 202
-    assert snapshot(db) == before
+    assert snapshot(db, "payment_intents", "charges", "events", "alerts") == before
+    # enqueued for the read + 10 s (give or take the milliseconds between two statements)
+    assert db.execute("SELECT abs(extract(epoch FROM j.run_at - (c.last_polled_at + interval '10 seconds'))) < 1 "
+                      "FROM jobs j JOIN charges c ON j.dedupe_key = 'poll:' || c.id WHERE c.id = %s",
+                      (charge["id"],)).fetchone() == (True,)
 
-    # Later: one poll is enqueued; it makes one verification read and changes no money.
+    # That poll (a second callback leaves it alone: due within 10 s) makes one
+    # verification read and changes no money.
     db.execute("UPDATE charges SET last_polled_at = now() - interval '1 minute' WHERE id = %s",
                (charge["id"],))
     money_sql = ("SELECT id, status, failure_code, amount, settled_at, submitted_at, rail_transaction_id "
@@ -160,7 +178,7 @@ def test_a_charge_without_a_poll_job_gets_one_and_a_terminal_charge_one_verifica
     money_before = snapshot(db, "payment_intents", "events"), db.execute(money_sql).fetchall()
     assert stack.callback(ref, SUCCESS_CLAIM).status_code == 202
     wait_until(lambda: _status_reads(stack.rail, ref) == 2 and _poll_job(db, charge["id"]) is None,
-               timeout=15, what="the verification read")
+               timeout=30, what="the verification read")
     assert (snapshot(db, "payment_intents", "events"), db.execute(money_sql).fetchall()) == money_before
     # the read is stamped, so the route's 10 s rule spaces verification reads too
     assert db.execute("SELECT last_polled_at > now() - interval '30 seconds' FROM charges WHERE id = %s",

@@ -11,7 +11,7 @@ import subprocess
 import psycopg
 import pytest
 
-from support import ConnCounter, base_env, script, wait_until
+from support import ConnCounter, base_env, rail_env, script, wait_until
 from vpay import __version__
 
 
@@ -96,6 +96,21 @@ def test_usage_and_log_level_errors_are_one_line(db_url, args, env, code):
     one_line(res)
 
 
+@pytest.mark.parametrize("args", [
+    ("prune", "--older-than", "999999999", "--dry-run"),
+    ("charges", "list", "--older-than", "99999999999999d"),
+    ("jobs", "retry", "99999999999999999999999"),
+    ("jobs", "release", "99999999999999999999999"),
+    ("alerts", "ack", "99999999999999999999", "--note", "x"),
+], ids=" ".join)
+def test_a_number_past_what_the_database_holds_is_a_usage_error_not_a_bug(db_url, args):
+    # These reached Postgres (timestamp or bigint out of range) and came back
+    # as "internal error", exit 70: the code for a bug, not for a typo.
+    res = run("vpay-server", *args, env=base_env(db_url))
+    assert res.returncode == 2, res.stderr
+    assert "internal error" not in one_line(res)
+
+
 def test_a_busy_sandbox_rail_port_is_one_line_and_69(db_url):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -103,6 +118,25 @@ def test_a_busy_sandbox_rail_port_is_one_line_and_69(db_url):
         port = busy.getsockname()[1]
         res = run("vpay-server", "sandbox-rail", "--port", str(port), env=base_env(db_url))
     assert res.returncode == 69
+    assert f"cannot listen on 127.0.0.1:{port}" in one_line(res)
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1:99999", "127.0.0.1:-1", "", "127.0.0.1"])
+def test_a_bind_that_is_not_host_port_is_a_usage_error(db_url, sandbox, bind):
+    # gunicorn took "" as 127.0.0.1:8000 and a port past 65535 as a traceback (70)
+    res = run("vpay-server", "api", "--bind", bind, env=base_env(db_url, **rail_env(sandbox)))
+    assert res.returncode == 2, res.stderr
+    assert "--bind" in one_line(res)
+
+
+def test_a_busy_api_port_is_one_line_and_69(db_url, sandbox):
+    # gunicorn retried for five seconds and exited 1 (restarted by systemd for ever), no vpay: line
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        res = run("vpay-server", "api", "--bind", f"127.0.0.1:{port}", env=base_env(db_url, **rail_env(sandbox)))
+    assert res.returncode == 69, res.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in one_line(res)
 
 

@@ -67,6 +67,11 @@ def _signal_mid_read(db, sandbox, worker, charge, sig=signal.SIGTERM) -> None:
     """Make the charge's poll due, wait until its status read is inside the
     rail, then signal the worker."""
     worker.wait_for_log("worker started")
+    # The hourly scan and sweep run once at boot on the housekeeping lane's own
+    # loop; let them finish first, so that the read is the only job in flight.
+    wait_until(lambda: db.execute(
+        "SELECT count(*) FROM jobs WHERE kind IN ('scan', 'sweep') AND attempts >= 1 AND locked_by IS NULL "
+        "AND run_at > now()").fetchone()[0] == 2, timeout=30, what="the boot-time scan and sweep to finish")
     _due_now(db, charge)
     wait_until(lambda: _read_in_flight(sandbox, charge), timeout=30,
                what="the status read to be inside the slow rail")

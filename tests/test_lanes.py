@@ -216,6 +216,26 @@ def test_lane_flags_come_from_the_environment_too():
         counter.close()
 
 
+@pytest.mark.parametrize("args, env, says", [
+    (("--queues", ""), {}, "--queues is empty"),
+    ((), {"VPAY_WORKER_QUEUES": ""}, "VPAY_WORKER_QUEUES (env, for --queues) is empty"),
+    ((), {"VPAY_WORKER_QUEUES": "mtn,nope"}, "VPAY_WORKER_QUEUES (env, for --queues): unknown lane 'nope'"),
+    ((), {"VPAY_WORKER_LANE_CONCURRENCY": "mtn=x"},
+     "VPAY_WORKER_LANE_CONCURRENCY (env, for --lane-concurrency): mtn='x'"),
+])
+def test_an_empty_or_bad_lane_setting_is_refused_naming_where_it_came_from(args, env, says):
+    counter = ConnCounter()
+    try:
+        full = base_env(f"postgresql://nobody@127.0.0.1:{counter.port}/x?connect_timeout=2", **env)
+        res = subprocess.run([script("vpay-worker"), *args], env=full, capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 78, res.stderr
+        assert says in res.stderr and res.stderr.count("\n") == 1, res.stderr
+        assert counter.accepted == 0
+    finally:
+        counter.close()
+
+
 def _executions(db):
     db.execute("CREATE TABLE IF NOT EXISTS test_executions (job_key text NOT NULL, worker text NOT NULL)")
 

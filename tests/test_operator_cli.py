@@ -56,20 +56,35 @@ def _stranded(db, key: str) -> int:
 def test_jobs_list_filters_dead_stranded_kind_and_says_the_state(db, db_url):
     dead = _dead_letter(db, "k:dead")
     stranded = _stranded(db, "k:stranded")
-    queue.enqueue(db, "other", "k:due")
+    queue.enqueue(db, "deliver", "k:due")
     live = queue.claim(db, "live-worker:1", lease=300)
-    queue.enqueue(db, "other", "k:later", delay=3600)
+    queue.enqueue(db, "deliver", "k:later", delay=3600)
 
     states = {r["dedupe_key"]: r["state"] for r in ok_json(db_url, "jobs", "list")}
     assert states == {"k:dead": "dead", "k:stranded": "stranded", "k:due": "leased", "k:later": "scheduled"}
     assert live.dedupe_key == "k:due"
     assert [r["id"] for r in ok_json(db_url, "jobs", "list", "--dead")] == [dead]
     assert [r["id"] for r in ok_json(db_url, "jobs", "list", "--stranded")] == [stranded]
-    assert {r["dedupe_key"] for r in ok_json(db_url, "jobs", "list", "--kind", "other")} == {"k:due", "k:later"}
+    assert {r["dedupe_key"] for r in ok_json(db_url, "jobs", "list", "--kind", "deliver")} == {"k:due", "k:later"}
     assert ok_json(db_url, "jobs", "list", "--dead")[0]["run_at"] is None  # infinity, not a date
     table = run(db_url, "jobs", "list", "--dead")
     assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:4] == ["ID", "KIND", "LANE", "STATE"]
     assert "k:dead" in table.stdout and "test: broken for good" in table.stdout
+
+
+@pytest.mark.parametrize("args, named", [
+    (("jobs", "list", "--kind", "bogus"), "deliver"),
+    (("jobs", "list", "--lane", "bogus"), "mtn,orange,webhooks,housekeeping"),
+    (("jobs", "retry", "--all-dead", "--lane", "bogus"), "mtn,orange,webhooks,housekeeping"),
+    (("alerts", "list", "--kind", "bogus"), "charge_unresolved"),
+    (("alerts", "ack", "--all-open", "--kind", "bogus", "--note", "x"), "unknown_rail_transaction"),
+])
+def test_an_unknown_kind_or_lane_is_a_usage_error_naming_the_known_ones(db_url, args, named):
+    res = run(db_url, *args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    line = failure_line(res)
+    assert "'bogus'" in line and named in line, line
+    assert res.stdout == ""
 
 
 def test_jobs_retry_requeues_a_dead_letter_and_acknowledges_its_alert_with_one_audit_line(db, db_url):
@@ -222,6 +237,19 @@ def test_a_bad_retention_setting_refuses_the_worker(db_url, value):
 def test_settings_default_retention_is_ninety_days():
     assert Settings.from_env({}).retention_days == 90
     assert Settings.from_env({"VPAY_RETENTION_DAYS": "0"}).retention_days == 0
+
+
+@pytest.mark.parametrize("amount", ["1_000", " 100", "\u0661\u0660\u0660", "1500\n"],
+                         ids=["underscore", "leading-blank", "arabic-indic-digits", "trailing-newline"])
+def test_payments_create_takes_an_amount_only_as_ascii_digits(db, db_url, merchant, sandbox, amount):
+    # Python's int() reads all of these as a number; as an amount of money
+    # each is a typo or a paste, and must be a usage error that charges nobody.
+    from support import rail_env
+    res = run(db_url, "payments", "create", "--merchant", merchant, "--amount", amount,
+              "--currency", "EUR", "--payer", "256770000001", **rail_env(sandbox))
+    assert res.returncode == 2, res.stderr
+    assert "minor units" in failure_line(res)
+    assert db.execute("SELECT count(*) FROM charges").fetchone()[0] == 0
 
 
 def test_payments_create_and_show_agree_on_keys_and_show_the_poll_and_open_alerts(db, db_url, merchant, sandbox):

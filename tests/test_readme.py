@@ -2,8 +2,9 @@
 
 The block is followed line by line as a new operator would (bash, `set -e`),
 with ``PGHOST``/``PGUSER`` naming a fresh server as the README says, and
-only its first line, ``pip install .``, left out: the test runs from the
-installed package already. The processes it starts in the background (the
+only its first line (the venv and ``pip install .``) left out: the test runs
+from the installed package already (the ``export PATH`` that follows is run
+and is harmless). The processes it starts in the background (the
 sandbox rail, the API, the worker) run in the block's own session, which the
 test ends with SIGTERM after checking the payment ended.
 """
@@ -36,8 +37,11 @@ def test_the_run_it_for_real_block_can_be_followed_as_written(tmp_path):
     import pgserver
     block = run_it_for_real()
     first, rest = block.split("\n", 1)
-    assert first.strip() == "pip install ."
-    assert "createdb vpay" in rest.splitlines()[0]  # the database exists before migrate
+    # Into a venv: a bare `pip install .` fails on Debian's externally-managed Python.
+    venv = re.match(r"python3 -m venv (\S+) && \1/bin/pip install \.(\s|$)", first)
+    assert venv, first
+    assert rest.splitlines()[0].startswith(f"export PATH={venv.group(1)}/bin:$PATH")
+    assert "createdb vpay" in rest.splitlines()[1]  # the database exists before migrate
     server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
     socket_dir = str(server.get_postmaster_info().socket_dir)
     pg_bin = str(Path(pgserver.__file__).parent / "pginstall" / "bin")

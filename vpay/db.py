@@ -47,16 +47,23 @@ class ConfigError(Exception):
     """The configuration cannot work (exit 78, EX_CONFIG)."""
 
 
-def describe(url: str) -> str:
+def describe(url: str, environ: Mapping[str, str] | None = None) -> str:
     """``url`` without its password, for the one log line that says which
-    database is in use: ``user@host:port/dbname``."""
+    database is in use: ``user@host:port/dbname``. What the URL leaves out is
+    what libpq will use: ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGDATABASE``
+    from ``environ`` (default ``os.environ``), else libpq's own defaults (a
+    Unix socket, 5432, the OS user), so the line names the server the
+    process really connects to (libpq docs, "Environment Variables")."""
+    env = os.environ if environ is None else environ
     try:
         parts = conninfo_to_dict(url)
     except psycopg.ProgrammingError:
         return "<unparseable database url>"
-    host = parts.get("host") or "localhost"
-    port = parts.get("port") or "5432"
-    return f"{parts.get('user') or '-'}@{host}:{port}/{parts.get('dbname') or '-'}"
+    host = parts.get("host") or env.get("PGHOST") or "(local socket)"
+    port = parts.get("port") or env.get("PGPORT") or "5432"
+    user = parts.get("user") or env.get("PGUSER") or "(os user)"
+    dbname = parts.get("dbname") or env.get("PGDATABASE") or "-"
+    return f"{user}@{host}:{port}/{dbname}"
 
 
 def embedded_url(data_dir: str | os.PathLike) -> str:

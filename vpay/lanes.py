@@ -78,39 +78,45 @@ def lane_for(kind: str, rail: str | None = None) -> str:
     return FIXED.get(kind, DEFAULT_LANE)
 
 
-def parse_queues(text: str | None) -> tuple[str, ...]:
+def parse_queues(text: str | None, source: str = "--queues") -> tuple[str, ...]:
     """``--queues mtn,webhooks`` → ``("mtn", "webhooks")`` in priority order,
-    duplicates removed. ``None`` or empty → every lane. Raises ``LaneError``
-    naming an unknown lane."""
-    if text is None or not text.strip():
+    duplicates removed. ``None`` (not given) → every lane. ``source`` names
+    where ``text`` came from in the error (the flag, or the environment
+    variable). Raises ``LaneError`` on an empty value (``""`` would
+    otherwise silently mean every lane), an empty name or an unknown lane."""
+    if text is None:
         return LANES
+    if not text.strip():
+        raise LaneError(f"{source} is empty; give lanes like mtn,webhooks ({','.join(LANES)}), "
+                        f"or leave it unset for every lane")
     names = [n.strip() for n in text.split(",")]
     if any(not n for n in names):
-        raise LaneError(f"--queues {text!r}: empty lane name; give names like mtn,webhooks")
+        raise LaneError(f"{source} {text!r}: empty lane name; give names like mtn,webhooks")
     unknown = [n for n in names if n not in LANES]
     if unknown:
-        raise LaneError(f"--queues: unknown lane {unknown[0]!r}; lanes are {','.join(LANES)}")
+        raise LaneError(f"{source}: unknown lane {unknown[0]!r}; lanes are {','.join(LANES)}")
     return tuple(lane for lane in LANES if lane in names)
 
 
-def parse_lane_concurrency(text: str | None) -> dict[str, int]:
+def parse_lane_concurrency(text: str | None, source: str = "--lane-concurrency") -> dict[str, int]:
     """``--lane-concurrency mtn=2,webhooks=1`` → ``{"mtn": 2, "webhooks": 1}``.
     Each count is a whole number ≥ 1 (to leave a lane out, use ``--queues``).
-    Raises ``LaneError`` on an unknown lane, a repeated lane, or a count that
-    is not a positive integer."""
+    ``source`` names where ``text`` came from in the error. Raises
+    ``LaneError`` on an unknown lane, a repeated lane, or a count that is not
+    a positive integer."""
     if text is None or not text.strip():
         return {}
     counts: dict[str, int] = {}
     for item in text.split(","):
         name, sep, value = (p.strip() for p in item.partition("="))
         if not sep or not name:
-            raise LaneError(f"--lane-concurrency {text!r}: expected LANE=N,... (e.g. mtn=2,webhooks=1)")
+            raise LaneError(f"{source} {text!r}: expected LANE=N,... (e.g. mtn=2,webhooks=1)")
         if name not in LANES:
-            raise LaneError(f"--lane-concurrency: unknown lane {name!r}; lanes are {','.join(LANES)}")
+            raise LaneError(f"{source}: unknown lane {name!r}; lanes are {','.join(LANES)}")
         if name in counts:
-            raise LaneError(f"--lane-concurrency: lane {name!r} given twice")
+            raise LaneError(f"{source}: lane {name!r} given twice")
         if not value.isdigit() or int(value) < 1:
-            raise LaneError(f"--lane-concurrency: {name}={value!r} is not a whole number >= 1")
+            raise LaneError(f"{source}: {name}={value!r} is not a whole number >= 1")
         counts[name] = int(value)
     return counts
 

@@ -310,7 +310,8 @@ class Worker:
                 self.gauge.add(job.lane, done=1)
             return kept, nxt
         if isinstance(outcome, RetryAfter):
-            kept = queue.reschedule(conn, job, outcome.seconds, outcome.note)
+            kept = queue.reschedule(conn, job, outcome.seconds, outcome.note,
+                                    spent=outcome.attempt_spent)
             if kept:
                 self.gauge.add(job.lane, retried=1)
             return kept, None
@@ -383,7 +384,8 @@ class Worker:
         status = " ".join(f"{k}={v}" for k, v in counts.items())
         status += " due_by_lane=" + ",".join(f"{lane}:{row['due']}" for lane, row in per_lane.items())
         counts["lanes"] = per_lane
-        log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts})
+        log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts,
+                                 "rail_paused_until": self.ctx.rail_pauses()})
         self.notifier.status(status)
         return counts
 

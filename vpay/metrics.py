@@ -36,7 +36,9 @@ from typing import Any, Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 
+from .alert_kinds import ALERT_KINDS
 from .lanes import LANES
+from .rails.port import RailPaused
 
 log = logging.getLogger("vpay.metrics")
 
@@ -151,6 +153,10 @@ def api_request(method: str, route: str, status: int, seconds: float) -> None:
 rail_log = logging.getLogger("vpay.rails")
 
 
+CALL_IDS = ("charge_id", "refund_id", "rail_reference", "charge_rail_reference")
+"""Identifiers of a rail call's request copied onto its ``rail call`` line."""
+
+
 def rail_call(operation: str) -> Callable:
     """Decorate a ``Rail`` port method (``request_to_pay``, ``status``,
     ``refund``, ``refund_status``): count it in ``vpay_rail_requests_total``
@@ -163,8 +169,13 @@ def rail_call(operation: str) -> Callable:
 
     An answer made without a request (``http_status`` None and not
     ``no_answer``: an unsupported currency, Orange's refusal to refund) is
-    logged with ``sent`` false and not counted as a request. Nothing from the
-    call's arguments is logged, so no credential or token can be."""
+    logged with ``sent`` false and not counted as a request; so is a call
+    refused by a paused rail (``RailPaused``: answer ``paused``). From the
+    call's argument (a ``ChargeRequest`` / ``RefundRequest``) only its
+    identifiers are logged (``CALL_IDS``: ``charge_id`` / ``refund_id``,
+    ``rail_reference``, a refund's ``charge_rail_reference``), so no credential or token can be; this line is the
+    adapters' one record of a call's answer (they log only what it lacks:
+    a no-answer's detail, a token refused, a retry, a configuration refusal)."""
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def call(self, *args, **kwargs):
@@ -174,6 +185,11 @@ def rail_call(operation: str) -> Callable:
                 result = fn(self, *args, **kwargs)
                 answer = getattr(getattr(result, "kind", None), "value", "error")
                 return result
+            except RailPaused:
+                # The rail asked for less traffic (vpay.rail_gate): logged and
+                # counted by the gate, not as a request of this call.
+                answer = "paused"
+                raise
             finally:
                 seconds = time.monotonic() - started
                 http_status = getattr(result, "http_status", None)
@@ -185,9 +201,16 @@ def rail_call(operation: str) -> Callable:
                              "rail call", extra={
                                  "rail": self.code, "operation": operation, "answer": answer,
                                  "http_status": http_status, "reason": getattr(result, "reason", None),
-                                 "seconds": round(seconds, 3), "sent": sent})
+                                 "seconds": round(seconds, 3), "sent": sent,
+                                 **_call_ids(args)})
         return call
     return wrap
+
+
+def _call_ids(args: tuple) -> dict[str, str]:
+    """``CALL_IDS`` of a rail method's request (its first argument), those it has."""
+    request = args[0] if args else None
+    return {k: v for k in CALL_IDS if isinstance(v := getattr(request, k, None), str)}
 
 
 # --- read from the database at scrape -----------------------------------------
@@ -199,11 +222,8 @@ STATEMENT_TIMEOUT_MS = 2000
 
 KNOWN_STATES = ("due", "leased", "dead")
 CHARGE_STATUSES = ("pending", "succeeded", "failed", "unresolved")
-ALERT_KINDS = ("charge_unresolved", "rail_contradiction", "job_dead_lettered", "refund_unresolved",
-               "rail_misconfigured", "webhook_endpoint_disabled", "missing_from_statement",
-               "unknown_rail_transaction")
-"""Reported as 0 when absent, so an alert on ``> 0`` resolves instead of
-its series vanishing (contract: "Tables", alert kinds)."""
+# ALERT_KINDS (vpay/alert_kinds.py) are reported as 0 when absent, so an alert
+# on ``> 0`` resolves instead of its series vanishing.
 
 
 class DatabaseCollector:

@@ -23,10 +23,14 @@ class Done:
 @dataclass(frozen=True)
 class RetryAfter:
     """``seconds`` from the database's ``now()``; ``note`` lands in ``last_error``
-    (e.g. "rail no answer: 503") so an operator sees why a poll repeats."""
+    (e.g. "rail no answer: 503") so an operator sees why a poll repeats.
+    ``attempt_spent=False`` gives back the attempt the claim counted: the
+    job was deferred without doing its work (a paused rail, a backed-off
+    webhook endpoint), so it must not climb a rung of its ladder."""
 
     seconds: float
     note: str | None = None
+    attempt_spent: bool = True
 
     def __post_init__(self) -> None:
         if not self.seconds >= 0:

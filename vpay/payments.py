@@ -2,6 +2,11 @@
 
 ``create_and_submit`` commits the intent, the charge and its poll job first
 (``money.create_payment``), and only then asks the rail to pay (``submit``).
+The API bounds that: its adapters carry a short total deadline
+(``VPAY_API_RAIL_TIMEOUT_SECONDS``), and at most a few requests per process
+wait on a rail at once (``slots``); a create that finds no free slot does
+not call the rail at all and leaves the submission to the worker's
+``resubmit:<charge_id>``, due at once.
 A process killed between the two leaves a pending charge with a poll job: the
 poll reads 404 from the rail and enqueues ``resubmit:<charge_id>``, which
 sends the same ``X-Reference-Id`` again (issue: the whole charge lifecycle).
@@ -11,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from typing import Any, Callable
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
 from . import misconfiguration, money, queue, testhooks
-from .rails.port import Rail, StatusKind, Submit, SubmitKind
+from .rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.payments")
 
@@ -44,9 +50,23 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
     ``failure_kind: configuration``). On a re-send (the resubmit job) an
     earlier send's fate is unknown (it may have reached the payer), so the
     charge stays pending and its poll carries on (docs/flows/reconciler.md,
-    "Configuration is not a decline"). Never raises for the rail's answer."""
+    "Configuration is not a decline"). Never raises for the rail's answer.
+
+    A paused rail (``RailPaused``: nothing was sent) is "no answer" with the
+    resubmit due at the end of the pause; the resubmit job itself lets
+    ``RailPaused`` through to ``handlers.handle``, which defers it."""
     request = money.charge_request(charge, description)
-    answer = rail.request_to_pay(dataclasses.replace(request, resend=True) if resend else request)
+    try:
+        answer = rail.request_to_pay(dataclasses.replace(request, resend=True) if resend else request)
+    except RailPaused as paused:
+        if not schedule_resubmit:
+            raise
+        queue.enqueue(conn, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]},
+                      delay=max(paused.seconds, resubmit_delay(1)))
+        log.warning("rail paused; request-to-pay not sent, resubmit scheduled after the pause",
+                    extra={"charge_id": charge["id"], "rail": paused.rail,
+                           "retry_in_seconds": round(paused.seconds, 3)})
+        return Submit(SubmitKind.NO_ANSWER, reason="RAIL_PAUSED")
     if answer.kind is SubmitKind.ACCEPTED:
         testhooks.pause("after_rail_accepted")
         if answer.rail_data:  # e.g. Orange: pay_token, payment_url; notif_token kept as a hash only
@@ -76,12 +96,16 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
 def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, merchant_id: str,
                       amount: int, currency: str, rail: str, payer: str,
                       description: str | None = None, prompt_ttl_seconds: int = 900,
-                      intent_id: str | None = None) -> dict[str, Any]:
+                      intent_id: str | None = None,
+                      slots: threading.Semaphore | None = None) -> dict[str, Any]:
     """Create (one transaction) then submit. Answers ``{"payment_intent",
     "charge"}`` as merchant-facing JSON, read back after the submit. Raises
     ``money.InvalidPayment`` on bad input (nothing written) and
     ``RailError`` when the rail is not configured (checked before writing).
-    ``intent_id``: see ``money.create_payment``."""
+    ``intent_id``: see ``money.create_payment``. ``slots`` (the API's): when
+    given and none is free right now, the rail is not called; the charge's
+    ``resubmit`` job, due at once, sends the request-to-pay from the worker
+    (the intent reads ``processing`` either way)."""
     adapter = rail_for(rail) if rail in money.KNOWN_RAILS else None
     with pool.connection() as conn:
         created = money.create_payment(conn, merchant_id=merchant_id, amount=amount,
@@ -91,6 +115,17 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
                                        intent_id=intent_id)
     testhooks.pause("after_charge_commit")
     with pool.connection() as conn:
-        submit(conn, adapter, created.charge, description)
+        if slots is None:
+            submit(conn, adapter, created.charge, description)
+        elif slots.acquire(blocking=False):
+            try:
+                submit(conn, adapter, created.charge, description)
+            finally:
+                slots.release()
+        else:
+            queue.enqueue(conn, "resubmit", f"resubmit:{created.charge['id']}",
+                          {"charge_id": created.charge["id"]})
+            log.warning("every rail slot of this process is busy: request-to-pay left to the worker",
+                        extra={"charge_id": created.charge["id"], "rail": rail})
         shown = money.show(conn, created.intent["id"])
     return {"payment_intent": shown["payment_intent"], "charge": shown["charges"][0]}

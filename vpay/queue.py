@@ -147,9 +147,12 @@ def finish(conn: psycopg.Connection, job: Job) -> bool:
     return conn.execute(Q["finish"], _fenced(job)).fetchone() is not None
 
 
-def reschedule(conn: psycopg.Connection, job: Job, delay: float, note: str | None = None) -> bool:
-    """Release the lease with ``run_at = now() + delay``; ends a failure streak."""
-    params = _fenced(job) | {"delay": float(delay), "note": note}
+def reschedule(conn: psycopg.Connection, job: Job, delay: float, note: str | None = None,
+               spent: bool = True) -> bool:
+    """Release the lease with ``run_at = now() + delay``; ends a failure
+    streak. ``spent=False``: the job was deferred without doing its work, and
+    ``attempts`` goes back to what it was before this claim."""
+    params = _fenced(job) | {"delay": float(delay), "note": note, "spent": bool(spent)}
     return conn.execute(Q["reschedule"], params).fetchone() is not None
 
 

@@ -44,7 +44,7 @@ from .ids import new_id, new_rail_reference
 from .outcome import Done, Outcome
 from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
 from .queries import Q
-from .rails.port import Rail, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind
+from .rails.port import Rail, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.refunds")
 
@@ -153,8 +153,14 @@ def submit(conn: psycopg.Connection, rail: Rail, refund: dict[str, Any], *,
     Refused for our configuration: one ``rail_misconfigured`` alert; on the
     first send the refund fails with ``rail_configuration_refused`` (no money
     moved), on a re-send (``resend``, the poll after a 404) it stays pending
-    on its ladder. Never raises for the rail's answer."""
-    answer = rail.refund(refund_request(refund))
+    on its ladder. Never raises for the rail's answer; a paused rail
+    (``RailPaused``, nothing sent) is "no answer" like any other."""
+    try:
+        answer = rail.refund(refund_request(refund))
+    except RailPaused as paused:
+        log.warning("rail paused; refund request not sent, the poll will ask and re-send",
+                    extra={"refund_id": refund["id"], "rail": paused.rail})
+        return Submit(SubmitKind.NO_ANSWER, reason="RAIL_PAUSED")
     if answer.kind is SubmitKind.ACCEPTED:
         testhooks.pause("after_refund_accepted")
         mark_submitted(conn, refund["id"])

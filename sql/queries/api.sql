@@ -26,9 +26,12 @@ SELECT m.id, m.name, m.created_at,
 
 -- name: callback_find_charge
 -- The callback route (design page, "Callbacks are hints"): the charge a
--- reference names, and where its poll job stands. Reads only.
+-- reference names, and where its poll job stands. Reads only. wait_seconds:
+-- how long until the 10 s spacing after the last read allows another read
+-- (0 when it already does).
 SELECT c.id, c.status,
-       coalesce(c.last_polled_at > now() - make_interval(secs => %(spacing)s), false) AS polled_recently,
+       greatest(0, extract(epoch FROM c.last_polled_at + make_interval(secs => %(spacing)s) - now()))::float8
+           AS wait_seconds,
        j.id AS job_id,
        j.locked_at IS NOT NULL AS leased,
        j.run_at = 'infinity' AS dead_lettered,
@@ -38,19 +41,20 @@ SELECT c.id, c.status,
  WHERE c.rail = %(rail)s AND c.rail_reference = %(reference)s;
 
 -- name: callback_pull_forward
--- Pull a parked poll forward to now. Every condition is re-checked on the row
--- being updated, so a poll leased, dead-lettered or rescheduled in the
--- meantime is left alone; and a charge the rail was asked about within the
--- spacing (the ladder's first rung) is not asked again.
-UPDATE jobs SET run_at = now()
+-- Pull a parked poll forward: to now, or, when the rail was read within the
+-- spacing (the ladder's first rung, 10 s), to that read + the spacing. The
+-- spacing delays the read, never drops it (MoMo sends its callback once).
+-- Every condition is re-checked on the row being updated, so a poll leased,
+-- dead-lettered or rescheduled in the meantime is left alone.
+UPDATE jobs
+   SET run_at = greatest(now(), coalesce((SELECT c.last_polled_at FROM charges c
+                                           WHERE c.id = %(charge_id)s), '-infinity')
+                                + make_interval(secs => %(spacing)s))
  WHERE dedupe_key = 'poll:' || %(charge_id)s
    AND locked_at IS NULL
    AND run_at <> 'infinity'
    AND run_at > now() + make_interval(secs => %(spacing)s)
-   AND NOT EXISTS (SELECT 1 FROM charges c
-                    WHERE c.id = %(charge_id)s
-                      AND c.last_polled_at > now() - make_interval(secs => %(spacing)s))
-RETURNING id;
+RETURNING id, run_at > now() AS spaced;
 
 -- name: api_load_intent
 -- One merchant's intent with the id of its latest charge; another merchant's

@@ -157,9 +157,11 @@ SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
 -- name: reschedule
--- An Outcome was reached: the failure streak ends.
+-- An Outcome was reached: the failure streak ends. A job deferred without
+-- doing its work (spent = false) gets back the attempt its claim counted.
 UPDATE jobs
    SET run_at = now() + make_interval(secs => %(delay)s),
+       attempts = CASE WHEN %(spent)s THEN attempts ELSE greatest(attempts - 1, 0) END,
        locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
        failures = 0,
        last_error = %(note)s

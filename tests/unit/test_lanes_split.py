@@ -53,10 +53,10 @@ def test_every_sql_insert_into_jobs_sets_the_lane():
 
 def test_parse_queues():
     assert parse_queues(None) == lanes.LANES
-    assert parse_queues("") == lanes.LANES
     assert parse_queues("webhooks,mtn") == ("mtn", "webhooks")  # priority order
     assert parse_queues(" mtn , mtn ") == ("mtn",)
-    for bad, says in (("nope", "'nope'"), ("mtn,", "empty"), ("MTN", "'MTN'"), ("mtn orange", "'mtn orange'")):
+    for bad, says in (("nope", "'nope'"), ("mtn,", "empty"), ("MTN", "'MTN'"), ("mtn orange", "'mtn orange'"),
+                      ("", "--queues is empty"), (" ", "--queues is empty")):
         with pytest.raises(LaneError, match=says):
             parse_queues(bad)
 

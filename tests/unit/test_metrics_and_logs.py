@@ -123,6 +123,7 @@ def test_a_rail_call_is_counted_timed_and_logged_with_structured_fields_and_no_s
     for line in calls:
         assert line["rail"] == "mtn" and line["operation"] == "status" and line["sent"] is True
         assert isinstance(line["seconds"], float) and line["charge_id"] == "ch_123"
+        assert line["rail_reference"] == REFERENCE   # the request's identifiers, for the adapter's lines it replaced
     text = json.dumps(lines)
     for secret in (SUBSCRIPTION_KEY, API_USER, API_KEY, ACCESS_TOKEN):
         assert secret not in text

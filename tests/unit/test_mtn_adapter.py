@@ -163,23 +163,35 @@ def test_status_404_is_not_found(rsps, adapter):
     assert result.http_status == 404
 
 
-def test_status_401_drops_token_and_next_call_refetches(rsps, adapter):
+def test_status_401_fetches_a_new_token_and_retries_once_in_the_same_call(rsps, adapter):
+    # design/rails.md: a 401 (token revoked early) fetches a new token once before anything else
     rsps.add(responses.POST, TOKEN_URL, json={"access_token": ACCESS_TOKEN, "expires_in": 3600})
     rsps.add(responses.POST, TOKEN_URL, json={"access_token": SECOND_TOKEN, "expires_in": 3600})
     add_status(rsps, status=401, json={"code": "UNAUTHORIZED", "message": "expired"})
     add_status(rsps, json={"status": "PENDING"})
 
     first = adapter.status(CHARGE)
-    assert first.kind is StatusKind.NO_ANSWER
-    assert first.http_status == 401
-    assert len(calls_to(rsps, TOKEN_URL)) == 1
-
-    second = adapter.status(CHARGE)
-    assert second.kind is StatusKind.PENDING
+    assert first.kind is StatusKind.PENDING
     assert len(calls_to(rsps, TOKEN_URL)) == 2
     status_calls = calls_to(rsps, STATUS_URL)
+    assert len(status_calls) == 2
     assert status_calls[0].request.headers["Authorization"] == f"Bearer {ACCESS_TOKEN}"
     assert status_calls[1].request.headers["Authorization"] == f"Bearer {SECOND_TOKEN}"
+
+    # the new token is cached: the next call fetches none
+    assert adapter.status(CHARGE).kind is StatusKind.PENDING
+    assert len(calls_to(rsps, TOKEN_URL)) == 2
+
+
+def test_status_401_twice_is_misconfigured_after_one_retry(rsps, adapter):
+    rsps.add(responses.POST, TOKEN_URL, json={"access_token": ACCESS_TOKEN, "expires_in": 3600})
+    rsps.add(responses.POST, TOKEN_URL, json={"access_token": SECOND_TOKEN, "expires_in": 3600})
+    add_status(rsps, status=401, json={"code": "UNAUTHORIZED", "message": "expired"})
+    result = adapter.status(CHARGE)
+    assert result.kind is StatusKind.MISCONFIGURED  # the fresh token refused too: our credentials
+    assert result.http_status == 401
+    assert len(calls_to(rsps, TOKEN_URL)) == 2
+    assert len(calls_to(rsps, STATUS_URL)) == 2
 
 
 def test_status_500_is_no_answer_and_not_retried(rsps, adapter, sleeps):
@@ -454,14 +466,14 @@ def test_request_to_pay_timeout_is_no_answer(rsps, adapter):
     assert len(calls_to(rsps, RTP_URL)) == 3
 
 
-def test_request_to_pay_401_drops_token(rsps, adapter):
+def test_request_to_pay_401_fetches_a_new_token_and_retries_once(rsps, adapter):
     rsps.add(responses.POST, TOKEN_URL, json={"access_token": ACCESS_TOKEN, "expires_in": 3600})
     rsps.add(responses.POST, TOKEN_URL, json={"access_token": SECOND_TOKEN, "expires_in": 3600})
     rsps.add(responses.POST, RTP_URL, status=401, json={"code": "UNAUTHORIZED"})
-    rsps.add(responses.POST, RTP_URL, status=409, json={"code": "RESOURCE_ALREADY_EXIST"})
-    assert adapter.request_to_pay(CHARGE).kind is SubmitKind.NO_ANSWER
+    rsps.add(responses.POST, RTP_URL, status=202)
     assert adapter.request_to_pay(CHARGE).kind is SubmitKind.ACCEPTED
     assert len(calls_to(rsps, TOKEN_URL)) == 2
+    assert len(calls_to(rsps, RTP_URL)) == 2
     assert calls_to(rsps, RTP_URL)[1].request.headers["Authorization"] == f"Bearer {SECOND_TOKEN}"
 
 
@@ -584,6 +596,20 @@ def test_from_env_missing_variable_is_named(name, how):
     message = str(caught.value)
     assert name in message
     assert not any(secret in message for secret in SECRETS)
+
+
+@pytest.mark.parametrize("name", ["VPAY_MTN_BASE_URL", "VPAY_MTN_CALLBACK_URL"])
+@pytest.mark.parametrize("value, says", [
+    ("https://momo.example/ collection", "whitespace"), (" https://momo.example", "whitespace"),
+    ("https://momo.example\n", "whitespace"), ("https://momo.ex\x00ample", "control"),
+    ("ftp://momo.example", "http:// or https://"), ("momo.example", "http:// or https://"),
+    ("https://", "no host"), ("https://momo.example:99999", "not a URL"),
+])
+def test_from_env_refuses_a_url_with_whitespace_or_another_scheme_naming_the_variable(name, value, says):
+    with pytest.raises(RailError) as caught:
+        MtnMomo.from_env({**FULL_ENV, name: value})
+    assert name in str(caught.value) and says in str(caught.value)
+    assert value.strip() not in str(caught.value)
 
 
 def test_from_env_names_every_missing_variable():

@@ -123,6 +123,17 @@ def test_bad_settings_are_refused(name, value):
         OrangeMoney.from_env({**ENV, name: value})
 
 
+@pytest.mark.parametrize("name", ["VPAY_ORANGE_BASE_URL", "VPAY_ORANGE_NOTIF_URL", "VPAY_ORANGE_RETURN_URL",
+                                  "VPAY_ORANGE_CANCEL_URL"])
+@pytest.mark.parametrize("value, says", [("https://orange.example/ x", "whitespace"),
+                                         ("https://orange.example\r\n", "whitespace"),
+                                         ("javascript://orange.example", "http:// or https://")])
+def test_a_url_with_whitespace_or_another_scheme_is_refused_naming_the_variable(name, value, says):
+    with pytest.raises(RailError) as caught:
+        OrangeMoney.from_env({**ENV, name: value})
+    assert name in str(caught.value) and says in str(caught.value)
+
+
 def test_from_env_reads_timeouts_and_options_and_repr_has_no_secret():
     a = OrangeMoney.from_env({**ENV, "VPAY_ORANGE_CONNECT_TIMEOUT_SECONDS": "1.5",
                               "VPAY_ORANGE_READ_TIMEOUT_SECONDS": "4", "VPAY_ORANGE_LANG": "en",
@@ -266,14 +277,22 @@ def test_a_token_without_a_usable_lifetime_is_used_once(adapter, rsps, expires_i
     assert len(calls_to(rsps, TOKEN_URL)) == 2
 
 
-def test_a_401_drops_the_token_and_the_next_call_fetches_a_new_one(adapter, rsps):
+def test_a_401_fetches_a_new_token_and_retries_once_in_the_same_call(adapter, rsps):
+    token_ok(rsps)
+    rsps.add(responses.POST, STATUS_URL, json={"code": 42, "message": "Expired credentials"}, status=401)
+    rsps.add(responses.POST, STATUS_URL, json={"status": "SUCCESS", "txnid": "MP1"}, status=201)
+    assert adapter.status(SUBMITTED).kind is StatusKind.SUCCEEDED
+    assert len(calls_to(rsps, TOKEN_URL)) == 2
+    assert len(calls_to(rsps, STATUS_URL)) == 2
+
+
+def test_a_401_twice_is_no_answer_after_one_retry(adapter, rsps):
     token_ok(rsps)
     rsps.add(responses.POST, STATUS_URL, json={"code": 42, "message": "Expired credentials"}, status=401)
     result = adapter.status(SUBMITTED)
     assert (result.kind, result.reason) == (StatusKind.NO_ANSWER, "UNAUTHORIZED")
-    rsps.replace(responses.POST, STATUS_URL, json={"status": "SUCCESS", "txnid": "MP1"}, status=201)
-    assert adapter.status(SUBMITTED).kind is StatusKind.SUCCEEDED
     assert len(calls_to(rsps, TOKEN_URL)) == 2
+    assert len(calls_to(rsps, STATUS_URL)) == 2
 
 
 # A token 401 is our configuration (issue 12): test_a_token_401_is_misconfigured.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import re
-import time
 import uuid
 
 import pytest
@@ -21,20 +20,10 @@ from vpay.sandbox.mtn import (
     DEFAULT_SUBSCRIPTION_KEY,
     SandboxRail,
 )
+from support import wait_until  # noqa: E402
 
 OK_PAYER = "46700000001"
 NOT_FOUND_PAYER = "46733123455"  # MTN's PAYER_NOT_FOUND sandbox number
-
-
-def wait_until(fn, timeout=5.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class Client:

@@ -12,7 +12,6 @@ Why not ``mtnmomo`` (the brief's first choice): docs/sandbox.md, "Conformance".
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import httpx
@@ -34,6 +33,7 @@ from vpay.sandbox.mtn import (
     SANDBOX_FAILURES,
     SandboxRail,
 )
+from support import wait_until  # noqa: E402
 
 OK_PAYER = "46700000001"
 MTN_HOSTS = frozenset(httpx.URL(u).host for u in (MomoApi.SANDBOX_URL, MomoApi.PRODUCTION_URL))
@@ -59,17 +59,6 @@ class ToSandbox(httpx.BaseTransport):
 
     def close(self) -> None:
         self.inner.close()
-
-
-def wait_until(fn, timeout=5.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture(params=["string", "object"])

@@ -25,21 +25,11 @@ from vpay.sandbox.mtn import (  # noqa: E402
     SANDBOX_FAILURES,
     SandboxRail,
 )
+from support import wait_until  # noqa: E402
 
 SUB_KEY = "test-sub-key"
 OK_PAYER = "46700000001"
 RTP = "/collection/v1_0/requesttopay"
-
-
-def wait_until(fn, timeout=5.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class Momo:

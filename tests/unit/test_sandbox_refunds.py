@@ -4,7 +4,6 @@ real HTTP with plain ``requests``, the way a MoMo client would. No database."""
 from __future__ import annotations
 
 import base64
-import time
 import uuid
 
 import pytest
@@ -17,23 +16,13 @@ from vpay.sandbox.mtn import (
     REFUND_TARGET_NOT_SUCCESSFUL,
     SandboxRail,
 )
+from support import wait_until  # noqa: E402
 
 SUB_KEY = "test-sub-key"
 OK_PAYER = "46700000001"
 DECLINED_PAYER = "46733123451"  # MTN's sandbox APPROVAL_REJECTED number
 RTP = "/collection/v1_0/requesttopay"
 REFUND = "/disbursement/v1_0/refund"
-
-
-def wait_until(fn, timeout=5.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class Client:

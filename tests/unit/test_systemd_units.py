@@ -293,3 +293,11 @@ def test_a_lane_set_instance_name_round_trips_to_a_queues_value_the_worker_accep
     unescaped = subprocess.run([shutil.which("systemd-escape"), "--unescape", instance],
                                capture_output=True, text=True, check=True).stdout.strip()  # what %I gives
     assert parse_queues(unescaped) == ("mtn", "orange")
+
+
+def test_the_api_docs_require_a_request_buffering_reverse_proxy():
+    # Slow clients hold gunicorn's gthread threads; only a buffering proxy in front prevents it.
+    root = Path(__file__).resolve().parents[2]
+    for doc in (root / "systemd" / "README.md", root / "docs" / "api.md"):
+        text = " ".join(doc.read_text(encoding="utf-8").split())
+        assert "proxy_request_buffering on" in text and "reverse proxy" in text, doc

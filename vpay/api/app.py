@@ -157,10 +157,13 @@ class ApiApp(falcon.App):
 
 
 def create_app(database_url: str, rail_for: Callable[[str], Rail], settings: Settings | None = None,
-               *, db_timeout: float = 5.0) -> ApiApp:
+               *, db_timeout: float = 5.0, submit_slots: int | None = None) -> ApiApp:
     """The app. ``rail_for(code)`` builds a rail adapter (``vpay.rails.build_rail``
     in production); it is called at most once per code. ``app.vpay_db`` is
-    the ``Database`` (``close()`` it when done)."""
+    the ``Database`` (``close()`` it when done). ``submit_slots``: how many
+    requests of this process may wait on a rail at once (None: no limit);
+    the others leave the request-to-pay to the worker, so health checks,
+    callbacks and reads always find a free thread."""
     from .callbacks import CallbackResource
     from .intents import IntentResource, IntentsResource
 
@@ -174,7 +177,8 @@ def create_app(database_url: str, rail_for: Callable[[str], Rail], settings: Set
     app.add_error_handler(psycopg.OperationalError, _on_database_error)
 
     app.add_route("/provider/{code}/callback", CallbackResource(db, rails))
-    app.add_route("/v1/payment_intents", IntentsResource(db, rails, settings))
+    slots = threading.BoundedSemaphore(submit_slots) if submit_slots else None
+    app.add_route("/v1/payment_intents", IntentsResource(db, rails, settings, slots))
     app.add_route("/v1/payment_intents/{intent_id}", IntentResource(db))
     app.add_route("/healthz", Health(db))
     app.add_route("/openapi.json", OpenApi())

@@ -13,11 +13,15 @@ the ``X-Callback-Url`` we gave the rail. Then, for the charge it names:
   verification read (``vpay.handlers.poll``);
 * otherwise (leased, dead-lettered, due within 10 s) → nothing.
 
-One rule beyond the design page, in the same spirit ("an unauthenticated
-caller cannot spend a rail request on a poll that was about to happen
-anyway"): a charge whose status was read within the last 10 s
-(``charges.last_polled_at``) is left alone too, so that a callback arriving
-just after the worker's read, or a second callback, cannot buy another read.
+Spacing: a charge whose status was read within the last 10 s
+(``charges.last_polled_at``) is read again no sooner than that read + 10 s,
+so a callback arriving just after the worker's read, or a second callback,
+cannot buy an extra read at once ("an unauthenticated caller cannot spend a
+rail request on a poll that was about to happen anyway"). The spacing
+delays the read, never drops it: the parked poll is moved to last read +
+10 s (action ``spaced``), or the missing one enqueued for then. MoMo sends
+its callback once; dropping it would leave a settled payment waiting for
+its poll's next rung, up to 15 min (issue "Isolation", input 4).
 
 Orange (``{code}`` = ``orange``): the notification's only proof of origin is
 its ``notif_token`` (design/rails.md, "Orange Money Web Payment"). Before the
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 
 import falcon
 import psycopg
@@ -83,31 +88,40 @@ def apply_hint(conn: psycopg.Connection, rail: str, reference: str,
     """Act on a callback's reference: ``(charge_id or None, action)`` where
     action is ``unknown_reference``, ``pulled_forward``, ``enqueued``,
     ``polled_recently``, ``leased``, ``dead_lettered``, ``due_soon`` or
-    ``raced`` (the job changed between the read and the write). Writes only
-    ``jobs`` (see the module docstring for the rule)."""
+    ``raced`` (the job changed between the read and the write), or
+    ``spaced`` (pulled forward to the last read + ``spacing``, the read was
+    too recent for now). Writes only ``jobs`` (see the module docstring)."""
     params = {"rail": rail, "reference": reference, "spacing": float(spacing)}
     with conn.cursor(row_factory=dict_row) as cur:
         found = cur.execute(Q["callback_find_charge"], params).fetchone()
     if found is None:
         return None, "unknown_reference"
     charge_id = found["id"]
-    if found["polled_recently"]:
-        return charge_id, "polled_recently"
     if found["job_id"] is None:
-        enqueued = queue.enqueue(conn, "poll", f"poll:{charge_id}", {"charge_id": charge_id})
+        enqueued = queue.enqueue(conn, "poll", f"poll:{charge_id}", {"charge_id": charge_id},
+                                 delay=found["wait_seconds"] or 0.0)
         return charge_id, "enqueued" if enqueued else "raced"
     for flag in ("leased", "dead_lettered", "due_soon"):
         if found[flag]:
             return charge_id, flag
     pulled = conn.execute(Q["callback_pull_forward"],
                           {"charge_id": charge_id, "spacing": float(spacing)}).fetchone()
-    return charge_id, "pulled_forward" if pulled else "raced"
+    if pulled is None:
+        return charge_id, "raced"
+    return charge_id, "spaced" if pulled[1] else "pulled_forward"
 
 
 class CallbackResource:
+    """The callback route of one API worker process. ``rails(code)`` builds
+    the adapter (``RailError`` when that rail is not configured)."""
+
     def __init__(self, db, rails):
         self.db = db
         self.rails = rails
+        # Rails whose unconfigured-callback warning this process has logged:
+        # anyone can post to the route, so each rail is logged once, not per request.
+        self._warned: set[str] = set()
+        self._warned_lock = threading.Lock()
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, code: str) -> None:
         if code not in KNOWN_RAILS:
@@ -115,7 +129,11 @@ class CallbackResource:
         try:
             rail = self.rails(code)
         except RailError:
-            log.error("callback for a rail that is not configured", extra={"rail": code})
+            with self._warned_lock:
+                first = code not in self._warned
+                self._warned.add(code)
+            if first:
+                log.warning("callback for a rail that is not configured", extra={"rail": code})
             raise not_found("Unknown rail.") from None
         body = read_body(req, MAX_BODY_BYTES)
         query = {k: v for k, v in req.params.items()}

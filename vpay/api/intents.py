@@ -7,7 +7,10 @@ The request is checked whole before anything is written (400: not a JSON
 object, a missing or unknown parameter; 422: a parameter's value, with
 ``param``), then ``vpay.payments.create_and_submit`` commits the intent
 (``processing``), the charge (``pending``) and its poll job, and sends the
-request-to-pay. 201 with the intent, whose ``next_action`` is ``{type:
+request-to-pay, waiting on the rail at most ``VPAY_API_RAIL_TIMEOUT_SECONDS``
+(3 s) and only while one of the process's rail slots is free; otherwise the
+intent is answered ``processing`` at once and the worker's resubmit job
+sends it (docs/api.md, "Creates never wait on a slow rail"). 201 with the intent, whose ``next_action`` is ``{type:
 "mobile_money_prompt", expires_at}`` while the payer's prompt is live (Orange:
 ``{type: "redirect_to_url", url, expires_at}``, the page where the payer
 confirms). A rail that refuses the
@@ -182,10 +185,11 @@ def _in_use() -> ApiError:
 class IntentsResource:
     merchant_api = True
 
-    def __init__(self, db, rails, settings):
+    def __init__(self, db, rails, settings, submit_slots=None):
         self.db = db
         self.rails = rails
         self.settings = settings
+        self.submit_slots = submit_slots
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         merchant_id = req.context.merchant_id
@@ -206,7 +210,7 @@ class IntentsResource:
                                        rail=payment.rail, payer=payment.payer,
                                        description=payment.description,
                                        prompt_ttl_seconds=self.settings.prompt_ttl_seconds,
-                                       intent_id=intent_id)
+                                       intent_id=intent_id, slots=self.submit_slots)
         except money.InvalidPayment as exc:
             if exc.param == "merchant":  # the key's merchant vanished after authentication
                 raise unauthorized() from None

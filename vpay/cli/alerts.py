@@ -11,10 +11,19 @@ from __future__ import annotations
 
 import click
 
-from .common import connect_db, echo_json, echo_table, fail
+from .common import ROW_ID, connect_db, echo_rows, fail
 from .jobs import _actor
 
 COLUMNS = ("id", "kind", "charge_id", "created_at", "acknowledged_at", "details", "note")
+
+
+def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--kind``: one of ``ALERT_KINDS`` (vpay/alert_kinds.py), else a usage error."""
+    from ..alert_kinds import ALERT_KINDS
+    if value is not None and value not in ALERT_KINDS:
+        raise click.BadParameter(f"unknown alert kind {value!r}; kinds are {','.join(ALERT_KINDS)}",
+                                 ctx, param)
+    return value
 
 
 @click.group()
@@ -24,7 +33,8 @@ def alerts() -> None:
 
 @alerts.command("list")
 @click.option("--open", "open_only", is_flag=True, help="Only alerts not yet acknowledged.")
-@click.option("--kind", default=None, help="Only this kind (charge_unresolved, job_dead_lettered, ...).")
+@click.option("--kind", default=None, callback=_known_kind,
+              help="Only this kind (charge_unresolved, job_dead_lettered, ...).")
 @click.option("--charge", default=None, help="Only this charge's alerts (ch_...).")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) -> None:
@@ -32,16 +42,13 @@ def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) 
     from ..operator import list_alerts
     with connect_db() as conn:
         rows = list_alerts(conn, open_only=open_only, kind=kind, charge=charge)
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, COLUMNS)
+    echo_rows(rows, COLUMNS, as_json)
 
 
 @alerts.command("ack")
-@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--all-open", "every", is_flag=True, help="Every open alert (of --kind).")
-@click.option("--kind", default=None, help="With --all-open: only this kind.")
+@click.option("--kind", default=None, callback=_known_kind, help="With --all-open: only this kind.")
 @click.option("--note", required=True, help="Who owns the case and what was found (stored).")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def ack(ids: tuple[int, ...], every: bool, kind: str | None, note: str, as_json: bool) -> None:
@@ -59,8 +66,4 @@ def ack(ids: tuple[int, ...], every: bool, kind: str | None, note: str, as_json:
             rows = acknowledge(conn, chosen, note, _actor()) if chosen else []
         except Refused as exc:
             fail(f"refused, nothing changed: {exc}")
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, ("id", "kind", "charge_id", "acknowledged_at", "note"))
-        click.echo(f"acknowledged {len(rows)}", err=True)
+    echo_rows(rows, ("id", "kind", "charge_id", "acknowledged_at", "note"), as_json, done="acknowledged")

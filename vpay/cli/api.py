@@ -4,13 +4,46 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 
 import click
 
-from .common import open_db, refuse
+from .common import EX_UNAVAILABLE, fail, open_db, refuse
 
 log = logging.getLogger("vpay.cli")
+
+
+def _host_port(bind: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``HOST:PORT`` / ``[V6]:PORT`` bind; None for
+    what gunicorn takes that is not an address of ours (``unix:PATH``,
+    ``fd://N``). Raises ``click.BadParameter`` for anything else: gunicorn
+    would bind a default (an empty value is 127.0.0.1:8000) or fail with a
+    traceback (a port past 65535)."""
+    if bind.startswith(("unix:", "fd://")):
+        return None
+    host, sep, port = bind.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise click.BadParameter(f"{bind!r} is not HOST:PORT (port 0..65535), e.g. 127.0.0.1:8080",
+                                 param_hint="'--bind'")
+    return host, int(port)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Exit 69 in one line when HOST:PORT cannot be listened on (busy, not an
+    address of this host), as ``sandbox-rail`` does: gunicorn would retry for
+    five seconds, log at error and exit 1, which systemd restarts for ever.
+    The probe binds as gunicorn does (SO_REUSEADDR) and lets go at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EX_UNAVAILABLE)
 
 
 @click.command()
@@ -40,6 +73,7 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     from ..api.app import POOL_MAX, create_app
     from ..api.server import ApiServer
 
+    listen = _host_port(bind)
     if not 1 <= threads <= POOL_MAX or workers < 1 or timeout < 1:
         refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers and --timeout >= 1")
     try:
@@ -61,10 +95,19 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
         log.warning("VPAY_MTN_CALLBACK_URL is not set: MoMo will send no callbacks "
                     "(payments still settle through the worker's polls)")
     url, _ = open_db()  # a URL only: each worker makes its own pool after the fork
+    # At most half the threads of a process wait on a rail at once, each for
+    # at most VPAY_API_RAIL_TIMEOUT_SECONDS: /healthz, callbacks and reads
+    # always find a thread, however the rail behaves (docs/api.md).
+    slots = max(1, threads // 2)
+
+    def rail_for(code):
+        return build_rail(code, total_timeout=settings.api_rail_timeout_seconds)
 
     def app_factory():
-        return create_app(url, build_rail, settings)
+        return create_app(url, rail_for, settings, submit_slots=slots)
 
+    if listen is not None:
+        _check_listen(*listen)
     ApiServer(app_factory, {"bind": [bind], "workers": workers, "threads": threads,
                             "timeout": timeout,
                             "loglevel": logging.getLevelName(logging.getLogger().level).lower()},

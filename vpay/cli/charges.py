@@ -26,6 +26,7 @@ from .common import fail, open_db
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_DURATION_SECONDS = 36500 * 86400
 
 
 def parse_duration(text: str) -> float:
@@ -34,7 +35,12 @@ def parse_duration(text: str) -> float:
     m = _DURATION.fullmatch(text.strip().lower())
     if not m:
         raise click.BadParameter(f"{text!r} is not a duration like 90s, 15m, 24h or 2d")
-    return float(m.group(1)) * _UNIT[m.group(2)]
+    seconds = float(m.group(1)) * _UNIT[m.group(2)]
+    if seconds > MAX_DURATION_SECONDS:
+        # Postgres cannot subtract more than its interval range from now();
+        # a hundred years is older than any charge.
+        raise click.BadParameter(f"{text!r} is more than {MAX_DURATION_SECONDS // 86400} days")
+    return seconds
 
 
 @click.group()
@@ -59,6 +65,9 @@ def list_(status: str, older_than: str, limit: int, as_json: bool) -> None:
         rows = list_charges(conn, status, seconds, limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("(none)")  # as every other list command
         return
     click.echo(f"{'charge':<28} {'rail':<6} {'rail_reference':<36} {'amount':>14} {'age':>8} {'alerts':>6}  "
                f"{'next poll':<25} last error")

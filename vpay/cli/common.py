@@ -45,6 +45,34 @@ def refuse(message: str) -> None:
     fail(f"configuration refused: {message}", EX_CONFIG)
 
 
+class MinorUnits(click.ParamType):
+    """An amount in minor units on the command line: ASCII digits only.
+
+    click's ``int`` is Python's ``int()``, which also takes ``1_000``,
+    surrounding blanks and any Unicode decimal digit (``١٠٠`` is 100): a
+    typo or a pasted figure would become a real charge. This accepts
+    ``[0-9]+`` and nothing else; the range is the money layer's to check.
+    """
+
+    name = "minor_units"
+
+    def convert(self, value: Any, param, ctx) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value)
+        if not (text.isascii() and text.isdigit()):
+            self.fail(f"{text!r} is not an amount in minor units (ASCII digits only, "
+                      f"e.g. 1050 = 10.50 EUR)", param, ctx)
+        return int(text)
+
+
+MINOR_UNITS = MinorUnits()
+
+# A row id (jobs.id, alerts.id: bigint). A larger number names no row, and
+# would otherwise reach Postgres and fail there as a bug (exit 70).
+ROW_ID = click.IntRange(min=1, max=2**63 - 1)
+
+
 def log_level(value: str | None) -> str:
     """The log level named by ``--log-level`` (``value``) or ``VPAY_LOG_LEVEL``
     (default INFO), upper-cased. A bad ``VPAY_LOG_LEVEL`` is a refused
@@ -190,3 +218,17 @@ def echo_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
     for line in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+
+
+def echo_rows(rows: list[dict[str, Any]], columns: Sequence[str], as_json: bool,
+              done: str | None = None) -> None:
+    """What an operator command answers: ``rows`` as JSON (``--json``) or as
+    a table of ``columns``; for a table, ``done`` (a past-tense verb) is
+    followed by the row count on stderr (``retried 3``), so stdout stays the
+    table alone."""
+    if as_json:
+        echo_json(rows)
+        return
+    echo_table(rows, columns)
+    if done is not None:
+        click.echo(f"{done} {len(rows)}", err=True)

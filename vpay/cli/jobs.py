@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from .common import connect_db, echo_json, echo_table, fail
+from .common import ROW_ID, connect_db, echo_rows, fail
 
 COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", "run_at",
            "locked_by", "lease_expires_at", "last_error")
@@ -31,6 +31,26 @@ def _actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--kind``: one of the handler registry's kinds, else a usage error
+    (a typo would otherwise list "(none)" or retry nothing, exit 0)."""
+    if value is None:
+        return value
+    from ..handlers import REGISTRY
+    if value not in REGISTRY:
+        raise click.BadParameter(f"unknown job kind {value!r}; kinds are {','.join(sorted(REGISTRY))}",
+                                 ctx, param)
+    return value
+
+
+def _known_lane(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--lane``: one of ``vpay.lanes.LANES``, else a usage error."""
+    from ..lanes import LANES
+    if value is not None and value not in LANES:
+        raise click.BadParameter(f"unknown lane {value!r}; lanes are {','.join(LANES)}", ctx, param)
+    return value
+
+
 @click.group()
 def jobs() -> None:
     """The job queue: list jobs, retry dead letters, release stranded leases."""
@@ -39,18 +59,16 @@ def jobs() -> None:
 @jobs.command("list")
 @click.option("--dead", is_flag=True, help="Only dead letters (run_at = infinity).")
 @click.option("--stranded", is_flag=True, help="Only leases past their own lease_expires_at.")
-@click.option("--kind", default=None, help="Only this job kind (poll, deliver, ...).")
-@click.option("--lane", default=None, help="Only this lane (mtn, orange, webhooks, housekeeping).")
+@click.option("--kind", default=None, callback=_known_kind, help="Only this job kind (poll, deliver, ...).")
+@click.option("--lane", default=None, callback=_known_lane,
+              help="Only this lane (mtn, orange, webhooks, housekeeping).")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def list_(dead: bool, stranded: bool, kind: str | None, lane: str | None, as_json: bool) -> None:
     """Jobs, oldest run_at first (at most 1000)."""
     from ..operator import list_jobs
     with connect_db() as conn:
         rows = list_jobs(conn, dead=dead, stranded=stranded, kind=kind, lane=lane)
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, COLUMNS)
+    echo_rows(rows, COLUMNS, as_json)
 
 
 def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[int]:
@@ -63,10 +81,10 @@ def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[
 
 
 @jobs.command("retry")
-@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--all-dead", "every", is_flag=True, help="Every dead letter (of --kind / --lane).")
-@click.option("--kind", default=None, help="With --all-dead: only this job kind.")
-@click.option("--lane", default=None, help="With --all-dead: only this lane.")
+@click.option("--kind", default=None, callback=_known_kind, help="With --all-dead: only this job kind.")
+@click.option("--lane", default=None, callback=_known_lane, help="With --all-dead: only this lane.")
 @click.option("--note", default="retried by an operator", show_default=True,
               help="Kept on the job_dead_lettered alerts this acknowledges, and in the audit line.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
@@ -84,15 +102,11 @@ def retry(ids: tuple[int, ...], every: bool, kind: str | None, lane: str | None,
             rows = requeue(conn, chosen, note, _actor()) if chosen else []
         except Refused as exc:
             fail(f"refused, nothing changed: {exc}")
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, ("id", "kind", "dedupe_key", "attempts", "last_error"))
-        click.echo(f"retried {len(rows)}", err=True)
+    echo_rows(rows, ("id", "kind", "dedupe_key", "attempts", "last_error"), as_json, done="retried")
 
 
 @jobs.command("release")
-@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--all-stranded", "every", is_flag=True, help="Every lease past its lease_expires_at.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def release(ids: tuple[int, ...], every: bool, as_json: bool) -> None:
@@ -104,8 +118,4 @@ def release(ids: tuple[int, ...], every: bool, as_json: bool) -> None:
             rows = free(conn, chosen, _actor()) if chosen else []
         except Refused as exc:
             fail(f"refused, nothing changed: {exc}")
-    if as_json:
-        echo_json(rows)
-    else:
-        echo_table(rows, ("id", "kind", "dedupe_key", "failures", "last_error"))
-        click.echo(f"released {len(rows)}", err=True)
+    echo_rows(rows, ("id", "kind", "dedupe_key", "failures", "last_error"), as_json, done="released")

@@ -23,7 +23,7 @@ import sys
 
 import click
 
-from .common import connect_db, open_db, refuse
+from .common import MINOR_UNITS, connect_db, open_db, refuse
 
 
 @click.group()
@@ -33,7 +33,7 @@ def payments() -> None:
 
 @payments.command("create")
 @click.option("--merchant", required=True, help="Merchant id.")
-@click.option("--amount", required=True, type=int, help="Amount in minor units (e.g. 1050 = 10.50 EUR).")
+@click.option("--amount", required=True, type=MINOR_UNITS, help="Amount in minor units (e.g. 1050 = 10.50 EUR).")
 @click.option("--currency", required=True, help="ISO 4217 code, e.g. EUR, XAF, UGX.")
 @click.option("--rail", default="mtn", show_default=True, help="Rail code.")
 @click.option("--payer", required=True, help="Payer MSISDN, international form, digits only.")

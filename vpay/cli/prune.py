@@ -14,13 +14,14 @@ import logging
 
 import click
 
+from ..settings import MAX_RETENTION_DAYS
 from .common import connect_db, echo_json
 
 log = logging.getLogger("vpay.cli")
 
 
 @click.command()
-@click.option("--older-than", "days", required=True, type=click.IntRange(min=1),
+@click.option("--older-than", "days", required=True, type=click.IntRange(min=1, max=MAX_RETENTION_DAYS),
               help="Days since the row finished (an event's creation, a delivery's last "
                    "attempt, an alert's acknowledgement, a job's dead-lettering).")
 @click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")

@@ -19,7 +19,7 @@ import sys
 
 import click
 
-from .common import open_db, refuse
+from .common import MINOR_UNITS, open_db, refuse
 
 
 def _url() -> str:
@@ -33,7 +33,7 @@ def refunds() -> None:
 
 @refunds.command("create")
 @click.option("--charge", "charge_id", required=True, help="The succeeded charge to refund (ch_...).")
-@click.option("--amount", type=int, default=None,
+@click.option("--amount", type=MINOR_UNITS, default=None,
               help="Minor units (e.g. 1050 = 10.50 EUR) [default: all that is left to refund].")
 @click.option("--reason", default=None, help="Why, kept on the refund (at most 160 characters).")
 def create(charge_id: str, amount: int | None, reason: str | None) -> None:

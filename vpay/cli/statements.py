@@ -54,7 +54,13 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
         chosen = choose(profile, mapping)
     except BadMap as exc:
         raise click.UsageError(str(exc)) from None
-    data = file.read_bytes()
+    if exceptions_csv is not None:
+        _check_writable(exceptions_csv)
+    from ..statements.reader import read_path
+    try:
+        data = read_path(file)
+    except BadFile as exc:
+        fail(f"{file.name}: {exc}")
     url, _ = open_db()
     with connect(url) as conn:
         try:
@@ -65,6 +71,22 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(result))
     click.echo(json.dumps(result, indent=2) if as_json else report.render(result))
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse (usage, exit 2) an ``--exceptions-csv`` path that cannot be
+    written, before anything is imported: with ``--apply`` the statement is
+    applied and committed first, so a failed write afterwards would report
+    an internal error for an import that did happen."""
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {str(path)!r}: {exc.strerror or exc}",
+                                 param_hint="'--exceptions-csv'") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 @statements.command("list")
@@ -79,6 +101,9 @@ def list_(as_json: bool, limit: int) -> None:
         rows = list_statements(conn, limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("(none)")  # as every other list command
         return
     click.echo(f"{'statement':<28} {'rail':<6} {'lines':>7}  {'period':<53} outcomes")
     for r in rows:
@@ -96,6 +121,8 @@ def show(statement_id: str, as_json: bool, exceptions_csv: Path | None) -> None:
     """One recorded statement: its summary and its exceptions."""
     from ..db import connect
     from ..statements import importer, report
+    if exceptions_csv is not None:
+        _check_writable(exceptions_csv)
     url, _ = open_db()
     with connect(url) as conn:
         found = importer.show(conn, statement_id)

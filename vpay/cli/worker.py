@@ -14,7 +14,8 @@ import sys
 import click
 
 from .. import logs
-from .common import EX_UNAVAILABLE, log_level, log_level_option, open_db, refuse
+from .common import (EX_UNAVAILABLE, _unavailable_line, fail, log_level, log_level_option, open_db,
+                     refuse)
 
 log = logging.getLogger("vpay.cli")
 
@@ -71,8 +72,9 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                 "all finite numbers")
     from .. import lanes
     try:
-        served = lanes.parse_queues(queues)
-        overrides = lanes.parse_lane_concurrency(lane_concurrency)
+        served = lanes.parse_queues(*_lane_setting(ctx, "queues", queues, "VPAY_WORKER_QUEUES"))
+        overrides = lanes.parse_lane_concurrency(
+            *_lane_setting(ctx, "lane_concurrency", lane_concurrency, "VPAY_WORKER_LANE_CONCURRENCY"))
         # Checked here with no rail taken as passive: a count that fits only
         # because a rail is unconfigured today must not break when it is set.
         lanes.split(worker_concurrency, served, overrides)
@@ -103,7 +105,10 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     except PoolTimeout as exc:
         # Not a drain (1) and not a refused configuration (78): systemd retries.
         log.error("database unreachable at boot", extra={"error": str(exc)[:300]})
-        sys.exit(EX_UNAVAILABLE)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        # Like every other refusal: one ``vpay:`` line on stderr too.
+        fail(_unavailable_line(exc), EX_UNAVAILABLE)
     if collector is not None:
         collector.pool = pool
     handler_ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
@@ -124,6 +129,21 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         os._exit(drain.value)
     pool.close()
     sys.exit(drain.value)
+
+
+def _lane_setting(ctx: click.Context, name: str, value: str | None, envvar: str) -> tuple[str | None, str]:
+    """``(value, source)`` of a lane option for ``vpay.lanes``: ``source`` is
+    the flag, or ``ENVVAR (--flag)`` when the value came from the environment,
+    so a refusal names what the operator must fix. click treats a variable set
+    to ``""`` as unset; it is passed on as ``""`` here so it is refused, not
+    silently read as the default."""
+    flag = "--" + name.replace("_", "-")
+    source = ctx.get_parameter_source(name)
+    if source is click.core.ParameterSource.ENVIRONMENT:
+        return value, f"{envvar} (env, for {flag})"
+    if value is None and envvar in os.environ:
+        return os.environ[envvar], f"{envvar} (env, for {flag})"
+    return value, flag
 
 
 def _serve_metrics(port: int | None, bind: str):

@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from ..outcome import DeadLetter, Outcome, RetryAfter
 from ..queue import Job
-from ..rails.port import Rail, RailError
+from ..rails.port import Rail, RailError, RailPaused
 from ..settings import Settings
 
 log = logging.getLogger("vpay.handlers")
@@ -46,6 +46,14 @@ class Context:
                 self._rails[code] = factory(code)
             return self._rails[code]
 
+    def rail_pauses(self) -> dict[str, str | None]:
+        """Per rail built so far, the end of its backpressure pause (ISO 8601
+        UTC) or None: the gauge line's ``rail_paused_until``."""
+        with self._lock:
+            rails = dict(self._rails)
+        return {code: gate.paused_until() for code, rail in rails.items()
+                if (gate := getattr(rail, "gate", None)) is not None}
+
 
 Handler = Callable[[Job, Context], Outcome]
 REGISTRY: dict[str, Handler] = {}
@@ -68,12 +76,22 @@ def handle(job: Job, ctx: Context) -> Outcome:
     """Run the handler for ``job.kind``. An unknown kind is dead-lettered:
     no retry could make it known. A rail this worker cannot build
     (``RailError``: unknown or unconfigured) is logged at error and retried
-    every ``RAIL_UNCONFIGURED_RETRY`` seconds, never parked."""
+    every ``RAIL_UNCONFIGURED_RETRY`` seconds, never parked. A rail that asked
+    for less traffic (``RailPaused``, raised before any request is sent, or
+    by the call that got the 429/503) defers the job to the end of the
+    pause: not a failure, and the claim's attempt is given back."""
     fn = REGISTRY.get(job.kind)
     if fn is None:
         return DeadLetter(f"no handler for job kind {job.kind!r}")
     try:
         return fn(job, ctx)
+    except RailPaused as paused:
+        log.info("rail paused: job deferred", extra={
+            "worker_id": ctx.worker_id, "job_id": job.id, "kind": job.kind,
+            "dedupe_key": job.dedupe_key, "rail": paused.rail,
+            "retry_in_seconds": round(paused.seconds, 3), "reason": paused.reason})
+        return RetryAfter(paused.seconds, f"rail {paused.rail} paused: {paused.reason}",
+                          attempt_spent=False)
     except RailError as exc:
         log.error("rail not configured in this worker", extra={
             "worker_id": ctx.worker_id, "job_id": job.id, "kind": job.kind,

@@ -17,6 +17,10 @@ queue carries webhook fan-out and delivery").
   endpoint's pending deliveries end ``Done`` without a request (``held``
   after a policy hold, else ``skipped``). The attempt number is the job's
   ``attempts``.
+* An endpoint that is timing out is backed off as a whole
+  (``vpay.webhooks.backoff``): while it is, its deliveries are deferred to
+  the end of the back-off without a POST and without spending an attempt,
+  so one merchant's hanging endpoint cannot take the webhook lane.
 
 No database connection is held during the POST. Delivery is at-least-once:
 a worker that dies (or whose drain times out) after the receiver got the
@@ -27,6 +31,7 @@ request but before the job's row was finished delivers again, with the same
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,6 +40,7 @@ from psycopg.rows import dict_row
 from .. import metrics, webhooks
 from ..outcome import DeadLetter, Done, RetryAfter
 from ..queries import Q
+from ..webhooks import backoff
 from .registry import register
 
 log = logging.getLogger("vpay.webhooks")
@@ -76,6 +82,14 @@ def deliver(job, ctx):
                 "endpoint disabled")
         log.info("webhook delivery ended: endpoint disabled", extra=fields | {"held": held})
         return Done("endpoint disabled")
+    with ctx.pool.connection() as conn:
+        backed_off = backoff.gate(conn, endpoint_id,
+                                  webhooks.attempt_deadline(connect_timeout, read_timeout) + 5.0)
+    if backed_off.wait_seconds > 0:
+        wait = backed_off.wait_seconds + random.uniform(0.0, 1.0)  # spread the waiters' wake-up
+        log.info("webhook delivery deferred: endpoint backed off",
+                 extra=fields | {"retry_in_seconds": round(wait, 1)})
+        return RetryAfter(wait, "endpoint backed off: it is timing out", attempt_spent=False)
 
     body = webhooks.payload({"id": row["event_id"], "type": row["type"],
                              "created_at": row["created_at"], "data": row["data"]})
@@ -83,6 +97,8 @@ def deliver(job, ctx):
                                       [row["secret"], row["previous_secret"]])
     attempt = webhooks.post(row["url"], body, headers, connect_timeout=connect_timeout,
                             read_timeout=read_timeout, allow_private=webhooks.allow_private())
+    with ctx.pool.connection() as conn:
+        backoff.note(conn, endpoint_id, attempt)
     fields |= {"status_code": attempt.status_code, "seconds": round(attempt.elapsed, 3),
                "result": attempt.summary, "address": attempt.address}
     if attempt.permanent:  # the policy refuses this URL for good: hold the endpoint, not the job

@@ -10,16 +10,18 @@ Payment (``vpay.rails.orange``). A known rail may still be unconfigured in a
 given process: ``build_rail`` then raises ``RailError``."""
 
 
-def build_rail(code: str) -> Rail:
+def build_rail(code: str, **overrides) -> Rail:
     """The adapter for ``code``, configured from the environment (contract:
-    ``VPAY_MTN_*``, ``VPAY_ORANGE_*``). Raises ``RailError`` for an unknown or
-    unconfigured rail (the message names missing variables, never values)."""
+    ``VPAY_MTN_*``, ``VPAY_ORANGE_*``); ``overrides`` are constructor
+    arguments that win over it (the API passes a shorter ``total_timeout``).
+    Raises ``RailError`` for an unknown or unconfigured rail (the message
+    names missing variables, never values)."""
     if code == "mtn":
         from .mtn import MtnMomo
-        return MtnMomo.from_env()
+        return MtnMomo.from_env(**overrides)
     if code == "orange":
         from .orange import OrangeMoney
-        return OrangeMoney.from_env()
+        return OrangeMoney.from_env(**overrides)
     raise RailError(f"unknown rail {code!r}; known: {', '.join(KNOWN_RAILS)}")
 
 

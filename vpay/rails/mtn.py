@@ -25,9 +25,16 @@ Shape of the adapter:
 * ``request_to_pay``, ``status``, ``refund`` and ``refund_status`` never raise for anything the rail (or the
   network) does: every answer becomes a ``Submit`` / ``RailStatus`` value, and
   anything we cannot read is ``NO_ANSWER``, never a decline.
-* Every HTTP exchange has explicit (connect, read) timeouts and at most
-  ``MAX_ATTEMPTS`` attempts, so one call is bounded in time (see
-  ``MtnMomo.__init__``).
+* Every call (token fetch, transport retries and a 401's one retry included)
+  runs under one total deadline (``vpay.http_deadline.Deadline``,
+  ``VPAY_MTN_TOTAL_TIMEOUT_SECONDS``, default 20 s), however the rail
+  trickles; each HTTP exchange also has (connect, read) timeouts and at most
+  ``MAX_ATTEMPTS`` attempts (see ``MtnMomo.__init__``).
+* A 401 on an operation (token revoked early) drops the token, fetches a new
+  one and retries once, within the same call (design/rails.md).
+* Backpressure: a 429 or 503 with ``Retry-After`` closes the adapter's
+  ``RailGate`` for that long (capped, ``VPAY_MTN_MAX_PAUSE_SECONDS``); every
+  call then raises ``RailPaused`` without sending anything until it opens.
 * Credentials and the access token live only in private attributes and in
   request headers; they are never logged and never put in an exception or a
   ``detail`` text.
@@ -51,7 +58,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -60,26 +66,30 @@ from typing import Any, Callable, Mapping
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import requests
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    retry_if_result,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_chain,
-    wait_fixed,
-)
+from ..http_deadline import Deadline, new_session
+from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 
+from .http import (  # noqa: F401  (MAX_ATTEMPTS etc. re-exported)
+    MAX_ATTEMPTS,
+    RETRY_BUDGET_SECONDS,
+    RETRY_WAITS,
+    NoAnswer,
+    exchange,
+    json_object,
+    lifetime_seconds,
+)
 from vpay.rails.port import (
     CallbackIds,
     ChargeRequest,
     MalformedCallback,
     RailError,
+    RailPaused,  # noqa: F401  (raised through vpay.rails.http.exchange; documented here)
     RailStatus,
     RefundRequest,
     StatusKind,
     Submit,
     SubmitKind,
+    http_url_problem,
     seconds_setting,
 )
 
@@ -137,12 +147,14 @@ _HINT_MAX_CHARS = 128           # identifiers copied from a callback body, for l
 _CODE_MAX_CHARS = 64            # error/reason codes copied from a rail body; a longer one is unreadable
 _ID_MAX_CHARS = 128             # a longer financialTransactionId is unreadable, never truncated
 
-# Transport retries inside one call: attempts, waits between them (seconds),
-# and a budget after which no new attempt starts (seconds).
-MAX_ATTEMPTS = 3
-RETRY_WAITS = (0.2, 0.5)
-RETRY_BUDGET_SECONDS = 15.0
-_RETRIED_HTTP_STATUSES = frozenset({502, 503, 504})
+# Transport retries inside one call (MAX_ATTEMPTS, RETRY_WAITS,
+# RETRY_BUDGET_SECONDS): the rules of vpay.rails.http, shared with Orange.
+
+DEFAULT_TOTAL_TIMEOUT_SECONDS = 20.0
+"""One call's whole time (``VPAY_MTN_TOTAL_TIMEOUT_SECONDS``): token fetch,
+connects, every byte of every answer, retries and their waits."""
+_ENV_TOTAL_TIMEOUT = "VPAY_MTN_TOTAL_TIMEOUT_SECONDS"
+_ENV_MAX_PAUSE = "VPAY_MTN_MAX_PAUSE_SECONDS"
 
 # A cached token is dropped this many seconds before MoMo says it expires, so
 # that a request sent just before expiry does not arrive with a dead token.
@@ -174,29 +186,6 @@ COLLECTION = "collection"
 DISBURSEMENT = "disbursement"
 
 
-class _NoAnswer(Exception):
-    """Internal: the exchange gave nothing we can act on. Carries only short,
-    credential-free texts; turned into a NO_ANSWER value before leaving the
-    adapter, or MISCONFIGURED when ``misconfigured`` (the token endpoint
-    refused our credentials)."""
-
-    def __init__(self, reason: str, detail: str, http_status: int | None = None,
-                 misconfigured: bool = False):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-        self.http_status = http_status
-        self.misconfigured = misconfigured
-
-    def submit(self) -> Submit:
-        kind = SubmitKind.MISCONFIGURED if self.misconfigured else SubmitKind.NO_ANSWER
-        return Submit(kind, reason=self.reason, http_status=self.http_status)
-
-    def status(self) -> RailStatus:
-        kind = StatusKind.MISCONFIGURED if self.misconfigured else StatusKind.NO_ANSWER
-        return RailStatus(kind, reason=self.reason, http_status=self.http_status, detail=self.detail)
-
-
 class _Product:
     """One MoMo product's credentials and access-token cache. ``name`` is
     the URL segment (``collection``, ``disbursement``): its token lives at
@@ -212,7 +201,7 @@ class _Product:
         self.basic_auth = "Basic " + base64.b64encode(f"{api_user}:{api_key}".encode()).decode("ascii")
         self.lock = threading.Lock()
         self.token: tuple[str, float] | None = None  # (access_token, expires_at per clock)
-        self.failed: tuple["_NoAnswer", float] | None = None  # (the failure, until per clock)
+        self.failed: tuple["NoAnswer", float] | None = None  # (the failure, until per clock)
 
     def __repr__(self) -> str:
         return f"_Product({self.name!r})"
@@ -246,6 +235,8 @@ class MtnMomo:
         disbursement_subscription_key: str | None = None,
         disbursement_api_user: str | None = None,
         disbursement_api_key: str | None = None,
+        total_timeout: float = DEFAULT_TOTAL_TIMEOUT_SECONDS,
+        max_pause: float = DEFAULT_MAX_PAUSE_SECONDS,
     ) -> None:
         """Build the adapter from explicit settings.
 
@@ -256,11 +247,16 @@ class MtnMomo:
         callback route, sent as ``X-Callback-Url`` with ``ref=<rail_reference>``
         appended. Timeouts are in seconds and apply to every request.
 
-        Time bound of one call: each HTTP exchange makes at most
-        ``MAX_ATTEMPTS`` attempts, each bounded by the two timeouts, with
-        ``RETRY_WAITS`` between them, and starts no new attempt once
-        ``RETRY_BUDGET_SECONDS`` have passed; a call makes at most two
-        exchanges (token, then the operation).
+        Time bound of one call: ``total_timeout`` seconds, whatever the rail
+        does (``vpay.http_deadline``: the sockets are shut when it passes and
+        the call answers NO_ANSWER ``TIMEOUT``). Within it, each HTTP exchange
+        makes at most ``MAX_ATTEMPTS`` attempts, each bounded by the two
+        timeouts, with ``RETRY_WAITS`` between them, and starts no new
+        attempt once ``RETRY_BUDGET_SECONDS`` have passed; a call makes at
+        most four exchanges (token, the operation, and after a 401 a new
+        token and the operation once more).
+
+        ``max_pause`` caps the pause one ``Retry-After`` imposes (seconds).
 
         ``clock`` (monotonic seconds) and ``sleep`` exist for tests: the token
         cache reads ``clock``; retry waits go through ``sleep``.
@@ -282,13 +278,17 @@ class MtnMomo:
         missing = [name for name, value in required.items() if not value]
         if missing:
             raise RailError(f"MTN MoMo adapter: missing setting(s): {', '.join(missing)}")
-        if urlsplit(base_url).scheme not in ("http", "https"):
-            raise RailError("MTN MoMo adapter: base_url must be an http(s) URL")
+        for name, url in (("base_url", base_url), ("callback_url", callback_url)):
+            problem = http_url_problem(url) if url else None
+            if problem:
+                raise RailError(f"MTN MoMo adapter: {name} {problem}")
 
         self.base_url = base_url.rstrip("/")
         self.target_environment = target_environment
         self.callback_url = callback_url or None
         self.timeout = (connect_timeout, read_timeout)
+        self.total_timeout = float(total_timeout)
+        self.gate = RailGate(self.code, max_pause)
         self._collection = _Product(COLLECTION, subscription_key, api_user, api_key)
         self._disbursement = _Product(
             DISBURSEMENT,
@@ -296,7 +296,7 @@ class MtnMomo:
             disbursement_api_user or api_user,
             disbursement_api_key or api_key,
         )
-        self._session = session or requests.Session()
+        self._session = session or new_session()
         self._clock = clock
         self._sleep = sleep
 
@@ -308,14 +308,19 @@ class MtnMomo:
         ``VPAY_MTN_API_USER``, ``VPAY_MTN_API_KEY`` (all required),
         ``VPAY_MTN_TARGET_ENVIRONMENT`` (default ``sandbox``) and
         ``VPAY_MTN_CALLBACK_URL`` (optional), ``VPAY_MTN_CONNECT_TIMEOUT_SECONDS``
-        and ``VPAY_MTN_READ_TIMEOUT_SECONDS`` (optional, seconds), and the
+        and ``VPAY_MTN_READ_TIMEOUT_SECONDS`` (optional, seconds),
+        ``VPAY_MTN_TOTAL_TIMEOUT_SECONDS`` (one call's whole time, default 20,
+        at most 600) and ``VPAY_MTN_MAX_PAUSE_SECONDS`` (the longest
+        backpressure pause, default 300, at most 3600), and the
         Disbursement product's ``VPAY_MTN_DISBURSEMENT_SUBSCRIPTION_KEY``,
         ``VPAY_MTN_DISBURSEMENT_API_USER``, ``VPAY_MTN_DISBURSEMENT_API_KEY``
         (optional, each falling back to its Collection twin). ``kwargs`` go
         to the constructor (timeouts, session, clock, sleep) and win.
 
         Raises ``RailError`` naming every missing or empty required variable
-        (names only, never values).
+        (names only, never values), a URL that ``port.http_url_problem``
+        refuses (whitespace, control characters, a scheme other than
+        http/https), or a timeout that is not a number of seconds in range.
         """
         names = (_ENV_BASE_URL, _ENV_SUBSCRIPTION_KEY, _ENV_API_USER, _ENV_API_KEY)
         missing = [name for name in names if not environ.get(name)]
@@ -324,10 +329,18 @@ class MtnMomo:
                 "MTN MoMo adapter: missing environment variable(s): " + ", ".join(missing)
             )
         for name, key in (("VPAY_MTN_CONNECT_TIMEOUT_SECONDS", "connect_timeout"),
-                          ("VPAY_MTN_READ_TIMEOUT_SECONDS", "read_timeout")):
+                          ("VPAY_MTN_READ_TIMEOUT_SECONDS", "read_timeout"),
+                          (_ENV_TOTAL_TIMEOUT, "total_timeout")):
             value = seconds_setting(environ, name)
             if value is not None and key not in kwargs:
                 kwargs[key] = value
+        pause = seconds_setting(environ, _ENV_MAX_PAUSE, maximum=3600.0)
+        if pause is not None and "max_pause" not in kwargs:
+            kwargs["max_pause"] = pause
+        for name in (_ENV_BASE_URL, _ENV_CALLBACK_URL):
+            problem = http_url_problem(environ[name]) if environ.get(name) else None
+            if problem:  # named by its variable (never shown: it may carry a token)
+                raise RailError(f"MTN MoMo adapter: {name} {problem}")
         for key, name in _ENV_DISBURSEMENT.items():
             if key not in kwargs and environ.get(name):
                 kwargs[key] = environ[name]
@@ -375,23 +388,16 @@ class MtnMomo:
         body = self._request_to_pay_body(charge)
         product = self._collection
         try:
-            token = self._access_token(product)
-            response = self._exchange(
-                "POST",
-                f"{self.base_url}/collection/v1_0/requesttopay",
-                headers=self._request_to_pay_headers(token, charge.rail_reference),
+            response, token, fresh = self._call(
+                product, "POST", f"{self.base_url}/collection/v1_0/requesttopay",
+                headers=lambda token: self._request_to_pay_headers(token, charge.rail_reference),
                 json_body=body,
             )
-        except _NoAnswer as no:
+        except NoAnswer as no:
             self._log_no_answer("request_to_pay", "charge", charge.charge_id, charge.rail_reference, no)
             return no.submit()
 
-        submit = self._submit_from_response(response, product, token)
-        log.info(
-            "mtn request_to_pay charge=%s reference=%s -> %s (http %s, reason %s)",
-            charge.charge_id, charge.rail_reference, submit.kind.value,
-            submit.http_status, submit.reason,
-        )
+        submit = self._submit_from_response(response, product, token, fresh_token=fresh)
         return submit
 
     def _request_to_pay_body(self, charge: ChargeRequest) -> dict[str, Any]:
@@ -479,22 +485,17 @@ class MtnMomo:
         to the port's ``RailStatus``: the one status read of both products
         (collection: ``status``; disbursement: ``refund_status``), so a charge
         and a refund can never be read by different rules. ``op``, ``noun``
-        and ``our_id`` name the call in the log line; ``currency`` is the one
+        and ``our_id`` name the call in the no-answer log line; ``currency`` is the one
         we asked for (its exponent reads an amount reported without a
         currency). Never raises for the rail's answers."""
         url = f"{self.base_url}/{resource}/{quote(reference, safe='')}"
         try:
-            token = self._access_token(product)
-            response = self._exchange("GET", url, headers=self._api_headers(product, token))
-        except _NoAnswer as no:
+            response, token, fresh = self._call(product, "GET", url)
+        except NoAnswer as no:
             self._log_no_answer(op, noun, our_id, reference, no)
             return no.status()
 
-        result = self._status_from_response(response, product, token, currency)
-        log.info(
-            "mtn %s %s=%s reference=%s -> %s (http %s, reason %s)",
-            op, noun, our_id, reference, result.kind.value, result.http_status, result.reason,
-        )
+        result = self._status_from_response(response, product, token, currency, fresh_token=fresh)
         return result
 
     def _status_from_response(self, response: requests.Response, product: _Product,
@@ -552,21 +553,16 @@ class MtnMomo:
         }
         product = self._disbursement
         try:
-            token = self._access_token(product)
-            headers = self._api_headers(product, token)
-            headers["X-Reference-Id"] = refund.rail_reference
-            response = self._exchange("POST", f"{self.base_url}/disbursement/v1_0/refund",
-                                      headers=headers, json_body=body)
-        except _NoAnswer as no:
+            response, token, fresh = self._call(
+                product, "POST", f"{self.base_url}/disbursement/v1_0/refund",
+                headers=lambda token: self._api_headers(product, token)
+                | {"X-Reference-Id": refund.rail_reference},
+                json_body=body)
+        except NoAnswer as no:
             self._log_no_answer("refund", "refund", refund.refund_id, refund.rail_reference, no)
             return no.submit()
 
-        submit = self._submit_from_response(response, product, token)
-        log.info(
-            "mtn refund refund=%s reference=%s of=%s -> %s (http %s, reason %s)",
-            refund.refund_id, refund.rail_reference, refund.charge_rail_reference,
-            submit.kind.value, submit.http_status, submit.reason,
-        )
+        submit = self._submit_from_response(response, product, token, fresh_token=fresh)
         return submit
 
     @rail_call("refund_status")
@@ -610,7 +606,7 @@ class MtnMomo:
 
     # --- Token -------------------------------------------------------------
 
-    def _access_token(self, product: _Product) -> str:
+    def _access_token(self, product: _Product, deadline: Deadline) -> str:
         """A valid bearer token for ``product``, from its cache or
         ``POST {base}/{product}/token/``.
 
@@ -621,24 +617,29 @@ class MtnMomo:
         each trying again in turn (a hung token endpoint would otherwise hold
         every claim loop for minutes, and the watchdog would kill the worker).
         """
-        with product.lock:
+        # Waiting for another thread's fetch counts against this call's deadline.
+        if not product.lock.acquire(timeout=max(deadline.remaining(), 0.001)):
+            raise NoAnswer("TIMEOUT", "deadline passed waiting for another call's token fetch")
+        try:
             now = self._clock()
             if product.token is not None and now < product.token[1]:
                 return product.token[0]
             if product.failed is not None and now < product.failed[1]:
                 raise product.failed[0]
             try:
-                token, lifetime = self._fetch_token(product)
-            except _NoAnswer as failure:
+                token, lifetime = self._fetch_token(product, deadline)
+            except NoAnswer as failure:
                 product.failed = (failure, self._clock() + TOKEN_FAILURE_MEMORY_SECONDS)
                 raise
             product.failed = None
             margin = min(TOKEN_SAFETY_MARGIN_SECONDS, lifetime / 2)
             product.token = (token, now + lifetime - margin)
             return token
+        finally:
+            product.lock.release()
 
-    def _fetch_token(self, product: _Product) -> tuple[str, float]:
-        """``(access_token, expires_in seconds)``; raises ``_NoAnswer``."""
+    def _fetch_token(self, product: _Product, deadline: Deadline) -> tuple[str, float]:
+        """``(access_token, expires_in seconds)``; raises ``NoAnswer``."""
         response = self._exchange(
             "POST",
             f"{self.base_url}/{product.name}/token/",
@@ -646,6 +647,7 @@ class MtnMomo:
                 "Authorization": product.basic_auth,
                 "Ocp-Apim-Subscription-Key": product.subscription_key,
             },
+            deadline=deadline,
         )
         if response.status_code != 200:
             code = _error_code(response)
@@ -653,18 +655,18 @@ class MtnMomo:
             refused = response.status_code in (401, 403) or code in CONFIGURATION_CODES
             if refused:
                 self._log_misconfigured(product, response.status_code, code)
-            raise _NoAnswer(
+            raise NoAnswer(
                 reason=code or f"TOKEN_HTTP_{response.status_code}",
                 detail=f"token endpoint answered HTTP {response.status_code}",
                 http_status=response.status_code,
                 misconfigured=refused,
             )
-        payload = _json_object(response.content)
+        payload = json_object(response.content)
         token = payload.get("access_token") if payload else None
         if not isinstance(token, str) or not token:
-            raise _NoAnswer(reason="TOKEN_MALFORMED", detail="token endpoint body has no access_token",
+            raise NoAnswer(reason="TOKEN_MALFORMED", detail="token endpoint body has no access_token",
                             http_status=200)
-        return token, _lifetime_seconds(payload.get("expires_in"))
+        return token, lifetime_seconds(payload.get("expires_in"))
 
     def _drop_token(self, product: _Product, token: str) -> None:
         """Forget ``token`` after a 401, so the next call fetches a new one.
@@ -684,6 +686,45 @@ class MtnMomo:
             "Ocp-Apim-Subscription-Key": product.subscription_key,
         }
 
+    def _call(
+        self,
+        product: _Product,
+        method: str,
+        url: str,
+        *,
+        headers: Callable[[str], Mapping[str, str]] | None = None,
+        json_body: Any = None,
+    ) -> tuple[requests.Response, str, bool]:
+        """One authenticated call of ``product``: ``(response, token used,
+        fresh)``; ``fresh`` when that token was fetched after a 401 in this
+        call (so another 401 refuses our credentials, not a stale token).
+
+        Raises ``RailPaused`` (nothing sent) while the rail's gate is closed.
+        Then, under one ``Deadline(total_timeout)``: a token (cached or
+        fetched), the exchange, and on a 401 (a token revoked before its
+        ``expires_in``) the token is dropped, a new one fetched and the
+        exchange made once more, before anything else (design/rails.md).
+        ``headers(token)`` builds the request headers (default: the product's
+        API headers). Raises ``NoAnswer`` when no response came (the deadline
+        passed: reason ``TIMEOUT``), and ``RailPaused`` when the answer was a
+        429/503 with ``Retry-After``.
+        """
+        self.gate.check()
+        build = headers or (lambda token: self._api_headers(product, token))
+        with Deadline(self.total_timeout) as deadline:
+            token = self._access_token(product, deadline)
+            response = self._exchange(method, url, headers=build(token), json_body=json_body,
+                                      deadline=deadline)
+            if response.status_code == 401:
+                self._drop_token(product, token)
+                token = self._access_token(product, deadline)
+                response = self._exchange(method, url, headers=build(token), json_body=json_body,
+                                          deadline=deadline)
+                log.info("mtn %s: retried once with a new access token -> HTTP %s",
+                         product.name, response.status_code)
+                return response, token, True
+        return response, token, False
+
     def _exchange(
         self,
         method: str,
@@ -691,40 +732,25 @@ class MtnMomo:
         *,
         headers: Mapping[str, str],
         json_body: Any = None,
+        deadline: Deadline,
     ) -> requests.Response:
-        """One HTTP exchange with bounded transport retries.
+        """One HTTP exchange with bounded transport retries, inside ``deadline``.
 
-        Retries connection errors, timeouts and HTTP 502/503/504 only; any
-        other answer is returned at once. Retrying a POST is safe here: the
-        token call has no effect, and request-to-pay and refund are
-        idempotent by ``X-Reference-Id`` (a duplicate gets 409). Returns the last response
-        (possibly a 503); raises ``_NoAnswer`` when no response came.
+        Retries connection errors, timeouts and HTTP 502/503/504 (a 503 only
+        without ``Retry-After``) only, and starts no attempt once the deadline
+        has passed; any other answer is returned at once. Retrying a POST is
+        safe here: the token call has no effect, and request-to-pay and
+        refund are idempotent by ``X-Reference-Id`` (a duplicate gets 409).
+        Returns the last response (possibly a 503); raises ``NoAnswer`` when
+        no response came, and ``RailPaused`` (after closing the gate) for a
+        429 or 503 carrying ``Retry-After``.
         """
-        retrying = Retrying(
-            retry=(
-                retry_if_exception_type((requests.ConnectionError, requests.Timeout))
-                | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES)
-            ),
-            stop=stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS),
-            wait=wait_chain(*(wait_fixed(w) for w in RETRY_WAITS)),
-            sleep=self._sleep,
-            # Out of attempts: hand back the last response, or re-raise the
-            # last transport error, instead of tenacity's RetryError.
-            retry_error_callback=lambda state: state.outcome.result(),
-        )
-        try:
-            return retrying(
-                self._session.request, method, url,
-                headers=dict(headers), json=json_body, timeout=self.timeout,
-            )
-        except requests.Timeout as exc:
-            # Only the class name: exception texts can carry URLs.
-            raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__}) after retries") from None
-        except requests.RequestException as exc:
-            raise _NoAnswer("CONNECTION_ERROR", f"{type(exc).__name__} after retries") from None
+        return exchange(self._session, method, url, rail=self.code, gate=self.gate,
+                        deadline=deadline, timeout=self.timeout, sleep=self._sleep,
+                        detail_suffix=" after retries", headers=dict(headers), json=json_body)
 
     def _log_no_answer(self, operation: str, label: str, ident: str, reference: str,
-                       no: _NoAnswer) -> None:
+                       no: NoAnswer) -> None:
         log.warning(
             "mtn %s %s=%s reference=%s -> no answer: %s (reason %s)",
             operation, label, ident, reference, no.detail, no.reason,
@@ -790,7 +816,7 @@ def _status_from_body(content: bytes, currency: str) -> RailStatus:
     A FAILED whose reason is in ``CONFIGURATION_FAILURE_REASONS`` carries
     ``configuration=True``.
     """
-    body = _json_object(content)
+    body = json_object(content)
     if body is None:
         return RailStatus(StatusKind.NO_ANSWER, http_status=200, detail="status body is not a JSON object")
     status = body.get("status")
@@ -858,27 +884,8 @@ def _visible_id(value: Any) -> str | None:
 
 def _error_code(response: requests.Response) -> str | None:
     """The ``code`` of a MoMo error body ``{code, message}``, when there is one."""
-    body = _json_object(response.content)
+    body = json_object(response.content)
     return _reason_code(body.get("code")) if body else None
-
-
-def _json_object(content: bytes) -> dict[str, Any] | None:
-    """``content`` parsed as a JSON object, or None if it is not one."""
-    try:
-        value = json.loads(content)
-    except ValueError:  # includes JSONDecodeError and UnicodeDecodeError
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _lifetime_seconds(expires_in: Any) -> float:
-    """A token's ``expires_in`` (seconds) as a float; 0 (use once, do not
-    cache) when missing or not a positive finite number."""
-    try:
-        lifetime = float(expires_in)
-    except (TypeError, ValueError):
-        return 0.0
-    return lifetime if math.isfinite(lifetime) and lifetime > 0 else 0.0
 
 
 def _short_id(value: Any) -> str | None:

@@ -28,15 +28,22 @@ Sources for every rule below (checked with the project's ``search`` tool):
 * The design page, "Callbacks are hints": a callback yields identifiers only;
   only the authenticated status query moves money.
 
-Shape of the adapter (the same as ``vpay.rails.mtn``, kept self-contained so
-that the two adapters can change independently):
+Shape of the adapter (the same as ``vpay.rails.mtn``; the transport, retries,
+backpressure and "no answer" value are ``vpay.rails.http``, shared by both):
 
 * ``request_to_pay``, ``status`` and ``parse_callback``'s callers never see an
   exception for anything Orange (or the network) does: every answer becomes a
   ``Submit`` / ``RailStatus`` value, and anything unreadable is ``NO_ANSWER``,
   never a decline.
-* Every HTTP exchange has explicit (connect, read) timeouts and a bounded
-  number of attempts (``MAX_ATTEMPTS``), so one call is bounded in time.
+* Every call (token fetch, transport retries and a 401's one retry included)
+  runs under one total deadline (``vpay.http_deadline.Deadline``,
+  ``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``, default 20 s), however Orange
+  trickles; each HTTP exchange also has (connect, read) timeouts and a
+  bounded number of attempts (``MAX_ATTEMPTS``).
+* A 401 on an operation drops the token, fetches a new one and retries once,
+  within the same call. A 429 or 503 with ``Retry-After`` closes the
+  adapter's ``RailGate`` (capped, ``VPAY_ORANGE_MAX_PAUSE_SECONDS``): calls
+  raise ``RailPaused`` without sending anything until it opens.
 * Credentials, the access token, ``pay_token`` and ``notif_token`` are never
   logged and never put in an exception or a ``detail`` text.
 * Unreadable is not unreported: a status field present but not of Orange's
@@ -59,7 +66,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -68,28 +74,33 @@ from typing import Any, Callable, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import requests
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    retry_if_result,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_chain,
-    wait_fixed,
-)
-
 from ..currency import exponent
+from ..http_deadline import Deadline, new_session
+from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 from ..metrics import rail_call
+from .http import (  # noqa: F401  (MAX_ATTEMPTS etc. re-exported)
+    MAX_ATTEMPTS,
+    RETRY_BUDGET_SECONDS,
+    RETRY_TRANSPORT_AND_5XX,
+    RETRY_UNSENT_ONLY,
+    RETRY_WAITS,
+    NoAnswer,
+    exchange,
+    json_object,
+    lifetime_seconds,
+)
 from .port import (
     CallbackIds,
     ChargeRequest,
     MalformedCallback,
     RailError,
+    RailPaused,  # noqa: F401  (raised through vpay.rails.http.exchange; documented here)
     RailStatus,
     RefundRequest,
     StatusKind,
     Submit,
     SubmitKind,
+    http_url_problem,
     seconds_setting,
 )
 
@@ -100,12 +111,11 @@ _HINT_MAX_CHARS = 128            # identifiers copied from a callback body, for 
 _NOTIF_TOKEN_MAX_CHARS = 256     # a longer "token" is not one of Orange's: ignored
 _URL_MAX_CHARS = 2048            # a payment_url longer than this is not stored
 
-# Transport retries inside one call (status reads and the token only; see
+# Transport retries inside one call (MAX_ATTEMPTS, RETRY_WAITS,
+# RETRY_BUDGET_SECONDS, vpay.rails.http; status reads and the token only: see
 # ``OrangeMoney._exchange`` for why the init is not retried).
-MAX_ATTEMPTS = 3
-RETRY_WAITS = (0.2, 0.5)
-RETRY_BUDGET_SECONDS = 15.0
-_RETRIED_HTTP_STATUSES = frozenset({502, 503, 504})
+DEFAULT_TOTAL_TIMEOUT_SECONDS = 20.0
+"""One call's whole time (``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``)."""
 
 # A cached token is dropped this many seconds before Orange says it expires.
 TOKEN_SAFETY_MARGIN_SECONDS = 60.0
@@ -137,7 +147,9 @@ _ENV = {
 }
 _ENV_OPTIONAL = {"lang": "VPAY_ORANGE_LANG", "reference": "VPAY_ORANGE_REFERENCE"}
 _ENV_TIMEOUTS = {"connect_timeout": "VPAY_ORANGE_CONNECT_TIMEOUT_SECONDS",
-                 "read_timeout": "VPAY_ORANGE_READ_TIMEOUT_SECONDS"}
+                 "read_timeout": "VPAY_ORANGE_READ_TIMEOUT_SECONDS",
+                 "total_timeout": "VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS"}
+_ENV_MAX_PAUSE = "VPAY_ORANGE_MAX_PAUSE_SECONDS"
 
 
 def order_id_for(rail_reference: str) -> str:
@@ -166,28 +178,6 @@ def notif_url_with_reference(notif_url: str, reference: str) -> str:
     params = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "ref"]
     params.append(("ref", reference))
     return urlunsplit(parts._replace(query=urlencode(params)))
-
-
-class _NoAnswer(Exception):
-    """Internal: the exchange gave nothing we can act on. Carries only short,
-    credential-free texts. ``misconfigured``: the token endpoint refused our
-    client credentials (MISCONFIGURED, not NO_ANSWER)."""
-
-    def __init__(self, reason: str, detail: str, http_status: int | None = None,
-                 misconfigured: bool = False):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-        self.http_status = http_status
-        self.misconfigured = misconfigured
-
-    def submit(self) -> Submit:
-        kind = SubmitKind.MISCONFIGURED if self.misconfigured else SubmitKind.NO_ANSWER
-        return Submit(kind, reason=self.reason, http_status=self.http_status)
-
-    def status(self) -> RailStatus:
-        kind = StatusKind.MISCONFIGURED if self.misconfigured else StatusKind.NO_ANSWER
-        return RailStatus(kind, reason=self.reason, http_status=self.http_status, detail=self.detail)
 
 
 class OrangeMoney:
@@ -219,6 +209,8 @@ class OrangeMoney:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        total_timeout: float = DEFAULT_TOTAL_TIMEOUT_SECONDS,
+        max_pause: float = DEFAULT_MAX_PAUSE_SECONDS,
     ) -> None:
         """Build the adapter from explicit settings.
 
@@ -234,8 +226,10 @@ class OrangeMoney:
         merchant name shown on Orange's page) go in the init body. Timeouts
         are in seconds and apply to every request.
 
-        Time bound of one call: at most two exchanges (token, then the
-        operation); a status read or token exchange makes at most
+        Time bound of one call: ``total_timeout`` seconds whatever Orange
+        does (``vpay.http_deadline``). Within it, at most four exchanges
+        (token, the operation, and after a 401 a new token and the operation
+        once more); a status read or token exchange makes at most
         ``MAX_ATTEMPTS`` attempts with ``RETRY_WAITS`` between them and none
         after ``RETRY_BUDGET_SECONDS``; the init makes one attempt (plus
         retries of a connection that was never established).
@@ -254,8 +248,9 @@ class OrangeMoney:
         if missing:
             raise RailError(f"Orange Money adapter: missing setting(s): {', '.join(missing)}")
         for name in ("base_url", "notif_url", "return_url", "cancel_url"):
-            if urlsplit(required[name]).scheme not in ("http", "https"):
-                raise RailError(f"Orange Money adapter: {name} must be an http(s) URL")
+            problem = http_url_problem(required[name])
+            if problem:
+                raise RailError(f"Orange Money adapter: {name} {problem}")
         if not _COUNTRY_RE.match(country):
             raise RailError("Orange Money adapter: country must be a path segment such as "
                             "'cm', 'ci', 'sn' or 'dev'")
@@ -267,12 +262,14 @@ class OrangeMoney:
         self.lang = lang or "fr"
         self.reference = (reference or "vpay")[:64]
         self.timeout = (connect_timeout, read_timeout)
+        self.total_timeout = float(total_timeout)
+        self.gate = RailGate(self.code, max_pause)
         self._client_basic = "Basic " + base64.b64encode(
             f"{client_id}:{client_secret}".encode()).decode("ascii")
         self._merchant_key = merchant_key
         self._token: tuple[str, float] | None = None   # (access_token, expires_at per clock)
         self._token_lock = threading.Lock()
-        self._session = session or requests.Session()
+        self._session = session or new_session()
         self._clock = clock
         self._sleep = sleep
 
@@ -288,20 +285,30 @@ class OrangeMoney:
         init needs all three URLs). Optional: ``VPAY_ORANGE_LANG`` (default
         ``fr``), ``VPAY_ORANGE_REFERENCE`` (merchant name on Orange's page,
         default ``vpay``), ``VPAY_ORANGE_CONNECT_TIMEOUT_SECONDS`` and
-        ``VPAY_ORANGE_READ_TIMEOUT_SECONDS``. ``kwargs`` go to the
-        constructor and win.
+        ``VPAY_ORANGE_READ_TIMEOUT_SECONDS``, ``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``
+        (one call's whole time, default 20, at most 600) and
+        ``VPAY_ORANGE_MAX_PAUSE_SECONDS`` (the longest backpressure pause,
+        default 300, at most 3600). ``kwargs`` go to the constructor and win.
 
         Raises ``RailError`` naming every missing variable (names only,
-        never values).
+        never values), or a URL variable that ``port.http_url_problem``
+        refuses (whitespace, control characters, not http/https).
         """
         missing = [name for name in _ENV.values() if not environ.get(name)]
         if missing:
             raise RailError("Orange Money adapter: missing environment variable(s): "
                             + ", ".join(missing))
+        for key in ("base_url", "notif_url", "return_url", "cancel_url"):
+            problem = http_url_problem(environ[_ENV[key]])
+            if problem:  # named by its variable, never shown
+                raise RailError(f"Orange Money adapter: {_ENV[key]} {problem}")
         for key, name in _ENV_TIMEOUTS.items():
             value = seconds_setting(environ, name)
             if value is not None and key not in kwargs:
                 kwargs[key] = value
+        pause = seconds_setting(environ, _ENV_MAX_PAUSE, maximum=3600.0)
+        if pause is not None and "max_pause" not in kwargs:
+            kwargs["max_pause"] = pause
         for key, name in _ENV_OPTIONAL.items():
             if key not in kwargs and environ.get(name):
                 kwargs[key] = environ[name]
@@ -370,24 +377,19 @@ class OrangeMoney:
             "reference": self.reference,
         }
         try:
-            token = self._access_token()
-            response = self._exchange("POST", f"{self._webpay}/webpayment",
-                                      headers=self._api_headers(token), json_body=body,
-                                      retry_sent=False)
-        except _NoAnswer as no:
+            response, token = self._call("POST", f"{self._webpay}/webpayment", json_body=body,
+                                         retry_sent=False)
+        except NoAnswer as no:
             self._log_no_answer("request_to_pay", charge, no)
             return no.submit()
 
         submit = self._submit_from_response(response, token, charge.resend)
-        log.info("orange request_to_pay charge=%s reference=%s order=%s -> %s (http %s, reason %s)",
-                 charge.charge_id, charge.rail_reference, body["order_id"], submit.kind.value,
-                 submit.http_status, submit.reason)
         return submit
 
     def _submit_from_response(self, response: requests.Response, token: str, resend: bool) -> Submit:
         http = response.status_code
         if http in (200, 201):
-            payload = _json_object(response.content) or {}
+            payload = json_object(response.content) or {}
             data = {key: payload.get(key) for key in (PAY_TOKEN, PAYMENT_URL, NOTIF_TOKEN)}
             if all(isinstance(v, str) and v.strip() for v in data.values()) \
                     and _usable_url(data[PAYMENT_URL]) \
@@ -452,17 +454,12 @@ class OrangeMoney:
         order_id = order_id_for(charge.rail_reference)
         body = {"order_id": order_id, "amount": _whole_amount(charge.amount), "pay_token": pay_token}
         try:
-            token = self._access_token()
-            response = self._exchange("POST", f"{self._webpay}/transactionstatus",
-                                      headers=self._api_headers(token), json_body=body)
-        except _NoAnswer as no:
+            response, token = self._call("POST", f"{self._webpay}/transactionstatus", json_body=body)
+        except NoAnswer as no:
             self._log_no_answer("status", charge, no)
             return no.status()
 
         result = self._status_from_response(response, token, order_id, charge.currency)
-        log.info("orange status charge=%s reference=%s -> %s (http %s, reason %s)",
-                 charge.charge_id, charge.rail_reference, result.kind.value,
-                 result.http_status, result.reason)
         return result
 
     def _status_from_response(self, response: requests.Response, token: str,
@@ -491,7 +488,6 @@ class OrangeMoney:
         """Orange Money Web Payment offers no refund call to this adapter:
         always REJECTED ``REFUND_NOT_SUPPORTED``, nothing sent, so the refund
         fails at once and no money is promised back."""
-        log.info("orange refund refund=%s -> rejected: not supported by this rail", refund.refund_id)
         return Submit(SubmitKind.REJECTED, reason="REFUND_NOT_SUPPORTED")
 
     @rail_call("refund_status")
@@ -529,40 +525,44 @@ class OrangeMoney:
 
     # --- Token -------------------------------------------------------------
 
-    def _access_token(self) -> str:
+    def _access_token(self, deadline: Deadline) -> str:
         """A bearer token from the cache or ``POST {base}/oauth/v3/token``.
         The lock is held during the fetch: threads finding the cache empty
-        wait for one fetch."""
-        with self._token_lock:
+        wait for one fetch, for at most what is left of their own deadline."""
+        if not self._token_lock.acquire(timeout=max(deadline.remaining(), 0.001)):
+            raise NoAnswer("TIMEOUT", "deadline passed waiting for another call's token fetch")
+        try:
             now = self._clock()
             if self._token is not None and now < self._token[1]:
                 return self._token[0]
-            token, lifetime = self._fetch_token()
+            token, lifetime = self._fetch_token(deadline)
             margin = min(TOKEN_SAFETY_MARGIN_SECONDS, lifetime / 2)
             self._token = (token, now + lifetime - margin)
             return token
+        finally:
+            self._token_lock.release()
 
-    def _fetch_token(self) -> tuple[str, float]:
-        """``(access_token, expires_in seconds)``; raises ``_NoAnswer``."""
+    def _fetch_token(self, deadline: Deadline) -> tuple[str, float]:
+        """``(access_token, expires_in seconds)``; raises ``NoAnswer``."""
         response = self._exchange(
             "POST", f"{self.base_url}/oauth/v3/token",
             headers={"Authorization": self._client_basic, "Accept": "application/json"},
-            form_body={"grant_type": "client_credentials"},
+            form_body={"grant_type": "client_credentials"}, deadline=deadline,
         )
         if response.status_code != 200:
             refused = response.status_code in (401, 403)   # fresh client credentials refused
             if refused:
                 log.error("orange token endpoint refused our client credentials (HTTP %s): an "
                           "operator must fix VPAY_ORANGE_CLIENT_ID / _SECRET", response.status_code)
-            raise _NoAnswer(reason=f"TOKEN_HTTP_{response.status_code}",
+            raise NoAnswer(reason=f"TOKEN_HTTP_{response.status_code}",
                             detail=f"token endpoint answered HTTP {response.status_code}",
                             http_status=response.status_code, misconfigured=refused)
-        payload = _json_object(response.content)
+        payload = json_object(response.content)
         token = payload.get("access_token") if payload else None
         if not isinstance(token, str) or not token:
-            raise _NoAnswer(reason="TOKEN_MALFORMED", detail="token endpoint body has no access_token",
+            raise NoAnswer(reason="TOKEN_MALFORMED", detail="token endpoint body has no access_token",
                             http_status=200)
-        return token, _lifetime_seconds(payload.get("expires_in"))
+        return token, lifetime_seconds(payload.get("expires_in"))
 
     def _drop_token(self, token: str) -> None:
         """Forget ``token`` after a 401 (only that one: another thread may
@@ -577,9 +577,33 @@ class OrangeMoney:
     def _api_headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
+    def _call(self, method: str, url: str, *, json_body: Any = None,
+              retry_sent: bool = True) -> tuple[requests.Response, str]:
+        """One authenticated call: ``(response, token used)``. Raises
+        ``RailPaused`` (nothing sent) while the gate is closed; then, under
+        one ``Deadline(total_timeout)``: a token, the exchange, and on a 401
+        a new token and the exchange once more (a 401 means Orange did not
+        act on the request, so re-sending the init is safe). Raises
+        ``NoAnswer`` when no response came, ``RailPaused`` for a 429/503
+        with ``Retry-After``."""
+        self.gate.check()
+        with Deadline(self.total_timeout) as deadline:
+            token = self._access_token(deadline)
+            response = self._exchange(method, url, headers=self._api_headers(token),
+                                      json_body=json_body, retry_sent=retry_sent, deadline=deadline)
+            if response.status_code == 401:
+                self._drop_token(token)
+                token = self._access_token(deadline)
+                response = self._exchange(method, url, headers=self._api_headers(token),
+                                          json_body=json_body, retry_sent=retry_sent,
+                                          deadline=deadline)
+                log.info("orange: retried once with a new access token -> HTTP %s",
+                         response.status_code)
+        return response, token
+
     def _exchange(self, method: str, url: str, *, headers: Mapping[str, str],
                   json_body: Any = None, form_body: Mapping[str, str] | None = None,
-                  retry_sent: bool = True) -> requests.Response:
+                  retry_sent: bool = True, deadline: Deadline) -> requests.Response:
         """One HTTP exchange with bounded transport retries.
 
         With ``retry_sent`` (token, status reads: both without effect),
@@ -587,35 +611,22 @@ class OrangeMoney:
         it (the init: a second init with the same ``order_id`` is refused
         with 403, and the first one's answer would be lost), only a
         connection that timed out before it was established is retried: the
-        request never left. Returns the last response; raises ``_NoAnswer``
-        when no response came.
+        request never left. Returns the last response; raises ``NoAnswer``
+        when no response came, and ``RailPaused`` (after closing the gate)
+        for a 429 or 503 carrying ``Retry-After`` (such a 503 is not retried).
+        No attempt starts once ``deadline`` has passed.
         """
-        if retry_sent:
-            retry = (retry_if_exception_type((requests.ConnectionError, requests.Timeout))
-                     | retry_if_result(lambda r: r.status_code in _RETRIED_HTTP_STATUSES))
-        else:
-            retry = retry_if_exception_type(requests.ConnectTimeout)
-        retrying = Retrying(
-            retry=retry,
-            stop=stop_after_attempt(MAX_ATTEMPTS) | stop_after_delay(RETRY_BUDGET_SECONDS),
-            wait=wait_chain(*(wait_fixed(w) for w in RETRY_WAITS)),
-            sleep=self._sleep,
-            retry_error_callback=lambda state: state.outcome.result(),
-        )
-        kwargs: dict[str, Any] = {"headers": dict(headers), "timeout": self.timeout}
+        kwargs: dict[str, Any] = {"headers": dict(headers)}
         if json_body is not None:
             kwargs["json"] = json_body
         if form_body is not None:
             kwargs["data"] = dict(form_body)
-        try:
-            return retrying(self._session.request, method, url, **kwargs)
-        except requests.Timeout as exc:
-            # Only the class name: exception texts can carry URLs.
-            raise _NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__})") from None
-        except requests.RequestException as exc:
-            raise _NoAnswer("CONNECTION_ERROR", type(exc).__name__) from None
+        return exchange(self._session, method, url, rail=self.code, gate=self.gate,
+                        deadline=deadline, timeout=self.timeout, sleep=self._sleep,
+                        retry=RETRY_TRANSPORT_AND_5XX if retry_sent else RETRY_UNSENT_ONLY,
+                        **kwargs)
 
-    def _log_no_answer(self, operation: str, charge: ChargeRequest, no: _NoAnswer) -> None:
+    def _log_no_answer(self, operation: str, charge: ChargeRequest, no: NoAnswer) -> None:
         log.warning("orange %s charge=%s reference=%s -> no answer: %s (reason %s)",
                     operation, charge.charge_id, charge.rail_reference, no.detail, no.reason)
 
@@ -662,7 +673,7 @@ def _status_from_body(content: bytes, http: int, order_id: str, currency: str) -
     The status body documented by Orange carries neither amount nor currency
     (``{status, order_id, txnid}``); they are read when present.
     """
-    body = _json_object(content)
+    body = json_object(content)
     if body is None:
         return RailStatus(StatusKind.NO_ANSWER, http_status=http, detail="status body is not a JSON object")
     answered_order = body.get("order_id")
@@ -709,30 +720,12 @@ def _status_from_body(content: bytes, http: int, order_id: str, currency: str) -
 def _error_code(response: requests.Response) -> str | None:
     """Orange's error ``code`` (``{code, message, description}``), as a short
     string, when the body has one."""
-    body = _json_object(response.content)
+    body = json_object(response.content)
     code = body.get("code") if body else None
     if isinstance(code, bool) or not isinstance(code, (str, int)):
         return None
     code = str(code).strip()
     return code if _CODE_RE.match(code) else None
-
-
-def _json_object(content: bytes) -> dict[str, Any] | None:
-    try:
-        value = json.loads(content)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _lifetime_seconds(expires_in: Any) -> float:
-    """``expires_in`` (seconds, number or numeric string) as a float; 0 (use
-    once, do not cache) when missing or not a positive finite number."""
-    try:
-        lifetime = float(expires_in)
-    except (TypeError, ValueError):
-        return 0.0
-    return lifetime if math.isfinite(lifetime) and lifetime > 0 else 0.0
 
 
 def _usable_url(value: str) -> bool:

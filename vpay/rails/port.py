@@ -17,6 +17,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
+from ..settings import env_seconds
+
 
 class RailError(Exception):
     """A rail adapter could not be built or called as configured (missing base
@@ -24,22 +26,30 @@ class RailError(Exception):
     ``RailStatus`` / ``Submit`` values."""
 
 
+class RailPaused(Exception):
+    """The rail asked for less traffic (HTTP 429 or 503 with ``Retry-After``,
+    design/rails.md) and this process holds every call to it until
+    ``seconds`` from now (``vpay.rail_gate.RailGate``). Raised by an
+    adapter's ``request_to_pay``, ``status``, ``refund`` and
+    ``refund_status`` before any request is sent while the pause lasts, and
+    by the call whose answer asked for it. Not a rail answer and never a
+    decline: the caller reschedules the work to the end of the pause
+    (``vpay.handlers.registry.handle``), without counting it as a failure or
+    a rung. ``reason`` is short and credential-free."""
+
+    def __init__(self, rail: str, seconds: float, reason: str):
+        super().__init__(f"rail {rail} paused for {seconds:.1f} s: {reason}")
+        self.rail = rail
+        self.seconds = seconds
+        self.reason = reason
+
+
 def seconds_setting(environ, name: str, maximum: float = 600.0) -> float | None:
     """A rail adapter's timeout setting ``name`` in seconds, or ``None`` when
     unset. Raises ``RailError`` unless it is a finite number above 0 and at
     most ``maximum`` (a 0, negative, NaN or infinite timeout would only fail,
     or hang, at the first rail call)."""
-    import math
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 < value <= maximum):
-        raise RailError(f"{name} must be a number of seconds above 0 and at most {maximum:g}")
-    return value
+    return env_seconds(name, None, maximum=maximum, env=environ, error=RailError)
 
 
 class MalformedCallback(ValueError):
@@ -248,3 +258,24 @@ class RefundRequest:
     amount: int
     currency: str
     payer: str
+
+
+def http_url_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a rail's base URL or one of our callback URLs,
+    or ``None`` when it can: it must be ``http://`` or ``https://`` with a
+    host and a valid port, and hold no whitespace or control character
+    anywhere (``requests`` would otherwise send to a mangled URL, or one
+    with a pasted line break, on every call instead of refusing at boot)."""
+    from urllib.parse import urlsplit
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        return "contains whitespace or a control character"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises ValueError on a bad port)
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https"):
+        return "must be an http:// or https:// URL"
+    if not parts.hostname:
+        return "has no host"
+    return None

@@ -179,7 +179,6 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Iterable, Mapping
 
 __all__ = [
@@ -193,7 +192,8 @@ __all__ = [
     "main",
 ]
 
-from .server import SandboxServer, is_loopback_host  # noqa: E402
+from . import server as _server  # noqa: E402
+from .server import SandboxHandler, SandboxServer, is_loopback_host  # noqa: E402
 
 log = logging.getLogger("vpay.sandbox.mtn")
 
@@ -467,16 +467,11 @@ class _Server(SandboxServer):
     rail: "SandboxRail"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(SandboxHandler):
     server_version = "vpay-momo-sandbox/1.0"
-    sys_version = ""
-    timeout = 30  # idle keep-alive connections are dropped after this
-    disable_nagle_algorithm = True  # headers and body go out as separate writes
+    http_log = log
+    log_label = "sandbox"
     server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        log.debug("sandbox http: %s - %s", self.address_string(), format % args)
 
     def handle_one_request(self) -> None:
         if self.server.rail._stopping.is_set():
@@ -487,12 +482,6 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError, socket.timeout) as exc:
             log.debug("sandbox: connection dropped: %s", exc)
             self.close_connection = True
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
 
     def do_PUT(self) -> None:
         self._dispatch("PUT")
@@ -525,7 +514,12 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(body, _Resp):
                 resp = body
             elif path == "/_sandbox" or path.startswith("/_sandbox/"):
-                resp = rail._control(method, path, body)
+                # No authentication on control: a sandbox bound to 0.0.0.0 must
+                # still not let another host script outcomes or reset it.
+                if _server.is_loopback_client(self.client_address):
+                    resp = rail._control(method, path, body)
+                else:
+                    resp = _error(403, "NOT_ALLOWED", "sandbox control endpoints answer loopback clients only")
             else:
                 resp = rail._momo(method, path, self.headers, body)
         except Exception:  # a bug in the sandbox, not a client error
@@ -537,21 +531,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, resp: _Resp) -> None:
         data = b"" if resp.body is None else json.dumps(resp.body).encode("utf-8")
-        try:
-            self.send_response(resp.status)
-            if resp.body is not None:
-                self.send_header("Content-Type", "application/json;charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if data:
-                self.wfile.write(data)
-            self.wfile.flush()
-        except (ConnectionError, TimeoutError, socket.timeout) as exc:
+        failed = self.write_answer(resp.status, data,
+                                   None if resp.body is None else "application/json;charset=utf-8")
+        if failed is not None:
             # Typically a client that gave up after a scripted delay.
-            log.debug("sandbox: could not answer %s %s: %s", self.command, self.path, exc)
-            self.close_connection = True
+            log.debug("sandbox: could not answer %s %s: %s", self.command, self.path, failed)
 
 
 # --------------------------------------------------------------------------- the rail
@@ -753,23 +737,29 @@ class SandboxRail:
         the status body report another amount than was asked for. May fire the
         callback if the transaction was never terminal before. Raises KeyError
         for an unknown reference."""
-        if status not in STATUSES:
-            raise ValueError(f"status must be one of {', '.join(STATUSES)}")
-        if reason is not None and (not isinstance(reason, str) or not reason):
-            raise ValueError("reason must be a non-empty string")
-        with self._lock:
-            txn = self._txns[ref]
-            txn.forced = True
-            if amount is not None:
-                txn.amount = amount
-            if status == FAILED and reason is None:
-                reason = _DEFAULT_DECLINE
-            fire = self._become(txn, status, reason)
-            state = self._txn_state(txn)
+        _check_forced(status, reason)
+        if status == FAILED and reason is None:
+            reason = _DEFAULT_DECLINE
+        _, fire, state = self._force(self._txns, self._txn_state, ref, status, reason, amount)
         log.info("sandbox: %s forced to %s %s", ref, status, reason or "")
         if fire:
             fire()
         return state
+
+    def _force(self, table: dict[str, _Txn], state_of: Callable[[_Txn], dict[str, Any]], ref: str,
+               status: str, reason: str | None, amount: str | None
+               ) -> tuple[_Txn, Callable[[], None] | None, dict[str, Any]]:
+        """``set_status`` / ``set_refund_status``: force ``table[ref]`` to
+        ``status`` with ``reason`` as given; returns the entry, the callback
+        to fire (if any) and its state. Raises KeyError for an unknown
+        reference."""
+        with self._lock:
+            txn = table[ref]
+            txn.forced = True
+            if amount is not None:
+                txn.amount = amount
+            fire = self._become(txn, status, reason)
+            return txn, fire, state_of(txn)
 
     def forget(self, ref: str) -> bool:
         """The rail forgets ``ref`` (status reads answer 404). True if it existed."""
@@ -778,28 +768,32 @@ class SandboxRail:
 
     def transactions(self) -> list[dict[str, Any]]:
         """Current state of every transaction, oldest first."""
-        self._fire_due_timers()
-        with self._lock:
-            return [self._txn_state(t) for t in self._txns.values()]
+        return self._states(self._txns, self._txn_state)
 
     def transaction(self, ref: str) -> dict[str, Any] | None:
-        self._fire_due_timers()
-        with self._lock:
-            t = self._txns.get(ref)
-            return None if t is None else self._txn_state(t)
+        """One transaction's state by its X-Reference-Id, or None."""
+        return self._state(self._txns, self._txn_state, ref)
 
     def refunds(self) -> list[dict[str, Any]]:
         """Current state of every refund, oldest first."""
-        self._fire_due_timers()
-        with self._lock:
-            return [self._refund_state(t) for t in self._refunds.values()]
+        return self._states(self._refunds, self._refund_state)
 
     def refund(self, ref: str) -> dict[str, Any] | None:
         """One refund's state by its X-Reference-Id, or None."""
+        return self._state(self._refunds, self._refund_state, ref)
+
+    def _states(self, table: dict[str, _Txn],
+                state_of: Callable[[_Txn], dict[str, Any]]) -> list[dict[str, Any]]:
         self._fire_due_timers()
         with self._lock:
-            t = self._refunds.get(ref)
-            return None if t is None else self._refund_state(t)
+            return [state_of(t) for t in table.values()]
+
+    def _state(self, table: dict[str, _Txn], state_of: Callable[[_Txn], dict[str, Any]],
+               ref: str) -> dict[str, Any] | None:
+        self._fire_due_timers()
+        with self._lock:
+            t = table.get(ref)
+            return None if t is None else state_of(t)
 
     def set_refund_status(self, ref: str, status: str, reason: str | None = None, *,
                           amount: str | None = None) -> dict[str, Any]:
@@ -807,17 +801,9 @@ class SandboxRail:
         contradict a settled refund); ``amount`` (a major-units string, any
         text) makes the status body report it instead of the refund's. Raises
         KeyError for an unknown reference."""
-        if status not in STATUSES:
-            raise ValueError(f"status must be one of {', '.join(STATUSES)}")
-        if reason is not None and (not isinstance(reason, str) or not reason):
-            raise ValueError("reason must be a non-empty string")
-        with self._lock:
-            txn = self._refunds[ref]
-            txn.forced = True
-            if amount is not None:
-                txn.amount = amount
-            self._become(txn, status, (reason or _DEFAULT_REFUND_FAILURE) if status == FAILED else None)
-            state = self._refund_state(txn)
+        _check_forced(status, reason)
+        reason = (reason or _DEFAULT_REFUND_FAILURE) if status == FAILED else None
+        txn, _, state = self._force(self._refunds, self._refund_state, ref, status, reason, amount)
         log.info("sandbox: refund %s forced to %s %s", ref, status, txn.reason or "")
         return state
 
@@ -1467,6 +1453,15 @@ class SandboxRail:
         except ValueError as exc:
             return _error(400, "BAD_REQUEST", str(exc))
         return _error(404, "RESOURCE_NOT_FOUND", f"No sandbox control endpoint {method} {path}")
+
+
+def _check_forced(status: str, reason: str | None) -> None:
+    """Arguments of ``set_status`` / ``set_refund_status``: ValueError unless
+    ``status`` is one of ``STATUSES`` and ``reason`` is None or a non-empty string."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}")
+    if reason is not None and (not isinstance(reason, str) or not reason):
+        raise ValueError("reason must be a non-empty string")
 
 
 def _method_not_allowed() -> _Resp:

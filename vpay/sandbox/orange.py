@@ -82,7 +82,6 @@ import json
 import logging
 import re
 import secrets
-import socket
 import threading
 import time
 import urllib.error
@@ -90,13 +89,12 @@ import urllib.parse
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Mapping
 
 __all__ = ["OrangeSandbox", "DEFAULT_CLIENT_ID", "DEFAULT_CLIENT_SECRET", "DEFAULT_MERCHANT_KEY",
            "STATUSES", "main"]
 
-from .server import SandboxServer, is_loopback_host  # noqa: E402
+from .server import SandboxHandler, SandboxServer, is_loopback_host  # noqa: E402
 
 log = logging.getLogger("vpay.sandbox.orange")
 
@@ -229,22 +227,11 @@ class _Server(SandboxServer):
     sandbox: "OrangeSandbox"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(SandboxHandler):
     server_version = "vpay-orange-sandbox/1.0"
-    sys_version = ""
-    timeout = 30
-    disable_nagle_algorithm = True
+    http_log = log
+    log_label = "orange sandbox"
     server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        log.debug("orange sandbox http: %s - %s", self.address_string(), format % args)
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
 
     def _dispatch(self, method: str) -> None:
         sandbox = self.server.sandbox
@@ -275,19 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = resp.body
         else:
             data = json.dumps(resp.body).encode("utf-8")
-        try:
-            self.send_response(resp.status)
-            if data:
-                self.send_header("Content-Type", resp.content_type)
-            self.send_header("Content-Length", str(len(data)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if data:
-                self.wfile.write(data)
-            self.wfile.flush()
-        except (ConnectionError, TimeoutError, socket.timeout):
-            self.close_connection = True
+        self.write_answer(resp.status, data, resp.content_type if data else None)
 
 
 class OrangeSandbox:
@@ -514,13 +489,21 @@ class OrangeSandbox:
             expiry = self._tokens.get(auth[7:].strip())
         return expiry is not None and time.monotonic() < expiry
 
-    def _init(self, headers: Any, raw: bytes) -> tuple[_Resp, str | None]:
+    def _authorized_body(self, headers: Any, raw: bytes) -> Any:
+        """The JSON value of an init or status body (None when it is not
+        JSON), or the 401 ``_Resp`` to answer when the Bearer token is
+        missing, unknown or expired."""
         if not self._bearer_ok(headers):
-            return _error(401, "Invalid credentials", "Bearer token missing, unknown or expired"), None
+            return _error(401, "Invalid credentials", "Bearer token missing, unknown or expired")
         try:
-            body = json.loads(raw)
+            return json.loads(raw)
         except ValueError:
-            body = None
+            return None
+
+    def _init(self, headers: Any, raw: bytes) -> tuple[_Resp, str | None]:
+        body = self._authorized_body(headers, raw)
+        if isinstance(body, _Resp):
+            return body, None
         if not isinstance(body, dict):
             return _error(400, "Bad request", "body must be a JSON object"), None
         order_id = body.get("order_id")
@@ -554,12 +537,9 @@ class OrangeSandbox:
                            "notif_token": payment.notif_token}), order_id
 
     def _status(self, headers: Any, raw: bytes) -> tuple[_Resp, str | None]:
-        if not self._bearer_ok(headers):
-            return _error(401, "Invalid credentials", "Bearer token missing, unknown or expired"), None
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
+        body = self._authorized_body(headers, raw)
+        if isinstance(body, _Resp):
+            return body, None
         if not isinstance(body, dict) or not isinstance(body.get("pay_token"), str):
             return _error(400, "Bad request", "body must be {order_id, amount, pay_token}"), None
         with self._lock:

@@ -47,6 +47,35 @@ _OTHER_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
 
 _XLSX_MAGIC = b"PK\x03\x04"  # a ZIP archive: an .xlsx workbook
 
+MAX_STATEMENT_BYTES = 200 * 1024 * 1024
+"""The largest statement file read (bytes, 200 MiB): a month of a busy
+merchant's CSV is a few tens of MiB; a larger file is refused before it is
+read, so a wrong path (``/dev/zero``, a disk image) cannot fill memory
+(docs/flows/statements.md, "Bad files")."""
+
+
+def read_path(path) -> bytes:
+    """The bytes of the statement file at ``path`` (``str`` or ``Path``).
+    Raises ``BadFile`` when it is not a regular file (a device, a FIFO: it
+    could be read forever or block) or is larger than
+    ``MAX_STATEMENT_BYTES``; ``OSError`` when it cannot be opened."""
+    import os
+    import stat
+
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise BadFile("not a regular file (a device, pipe or socket): give the statement file itself")
+    # O_NONBLOCK: a path swapped for a FIFO after the stat cannot block the open.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise BadFile("not a regular file (a device, pipe or socket): give the statement file itself")
+        data = handle.read(MAX_STATEMENT_BYTES + 1)  # bounded even if the file grows meanwhile
+    if len(data) > MAX_STATEMENT_BYTES:
+        raise BadFile(f"larger than {MAX_STATEMENT_BYTES // (1024 * 1024)} MiB (MAX_STATEMENT_BYTES): "
+                      "split the statement by period")
+    return data
+
 
 def read(data: bytes) -> RawStatement:
     """Parse a statement's bytes. Raises ``BadFile`` (see the module)."""

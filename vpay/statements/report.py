@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from typing import Any
 
 from ..currency import minor_to_major_string
@@ -78,15 +79,32 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+_NUMBER = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
+
+
+def _cell(value: Any) -> Any:
+    """A cell a spreadsheet shows as text. The file is for an accountant's
+    spreadsheet (hence the BOM), and its text comes from the rail's
+    statement: a field starting ``=``, ``+``, ``-``, ``@``, tab or CR would
+    be run as a formula (OWASP, "CSV Injection"), so it gets a leading
+    ``'``. A plain number (``-12.50``) is left as it is."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") \
+            and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
 def exceptions_csv(report: dict[str, Any]) -> bytes:
-    """The exceptions as CSV bytes (UTF-8 with BOM; amounts in major units)."""
+    """The exceptions as CSV bytes (UTF-8 with BOM; amounts in major units;
+    text that would read as a spreadsheet formula is quoted, ``_cell``)."""
     buf = io.StringIO(newline="")
     writer = csv.writer(buf, lineterminator="\r\n")
     writer.writerow(CSV_COLUMNS)
     for r in report.get("exceptions") or []:
         amount = _money(r.get("amount"), r.get("currency")) or (r.get("amount_text") or "")
-        writer.writerow([r.get("line_no") or "", r["outcome"], r.get("kind") or "", r.get("reference") or "",
-                         r.get("rail_transaction_id") or "", r.get("msisdn") or "", amount,
-                         r.get("currency") or "", r.get("status") or "", r.get("time") or "",
-                         r.get("charge_id") or "", r.get("refund_id") or "", r.get("detail") or ""])
+        writer.writerow([_cell(v) for v in (
+            r.get("line_no") or "", r["outcome"], r.get("kind") or "", r.get("reference") or "",
+            r.get("rail_transaction_id") or "", r.get("msisdn") or "", amount,
+            r.get("currency") or "", r.get("status") or "", r.get("time") or "",
+            r.get("charge_id") or "", r.get("refund_id") or "", r.get("detail") or "")])
     return buf.getvalue().encode("utf-8-sig")

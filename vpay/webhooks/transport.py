@@ -3,8 +3,9 @@
 * **Timeouts**: connect 5 s, read 15 s (per socket read, as ``requests``
   means it), configurable by ``VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS`` and
   ``VPAY_WEBHOOK_READ_TIMEOUT_SECONDS``; and a whole-attempt deadline of
-  connect + 2 x read enforced by a watchdog that shuts the socket, so a
-  receiver dribbling bytes cannot hold a claim loop longer. The response
+  connect + 2 x read enforced by ``vpay.http_deadline.Deadline`` (a watchdog
+  that shuts the socket; the rail adapters use the same one), so a receiver
+  dribbling bytes cannot hold a claim loop longer. The response
   body is read at most ``MAX_RESPONSE_BYTES`` (64 KiB).
 * Redirects are never followed; environment proxies and ``.netrc`` are
   ignored (they would bypass the URL policy).
@@ -12,26 +13,22 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import ssl
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from email.utils import parsedate_to_datetime
 from typing import Mapping
 
 import requests
 from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import NewConnectionError
 
-from ..db import ConfigError
-
-
+from ..settings import env_seconds
+from ..http_deadline import WATCHED_POOLS, Deadline, parse_retry_after
 from .policy import UrlRefused, check_url
+
+__all__ = ["Attempt", "CONNECT_TIMEOUT_ENV", "MAX_RESPONSE_BYTES", "READ_TIMEOUT_ENV", "attempt_deadline",
+           "parse_retry_after", "post", "timeouts"]
 
 
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -45,19 +42,8 @@ def timeouts(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
     """``(connect, read)`` seconds from ``VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS``
     (default 5) and ``VPAY_WEBHOOK_READ_TIMEOUT_SECONDS`` (default 15).
     Raises ``ConfigError`` for a value that is not a positive number."""
-    env = os.environ if environ is None else environ
-
     def one(name: str, default: float) -> float:
-        raw = env.get(name, "").strip()
-        if not raw:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
-        if not 0 < value <= 600:
-            raise ConfigError(f"{name} must be above 0 and at most 600 seconds, got {raw!r}")
-        return value
+        return env_seconds(name, default, maximum=600.0, env=environ)
 
     return one(CONNECT_TIMEOUT_ENV, CONNECT_TIMEOUT_SECONDS), one(READ_TIMEOUT_ENV, READ_TIMEOUT_SECONDS)
 
@@ -99,79 +85,6 @@ class Attempt:
         return self.error or "no response"
 
 
-class _Watch:
-    """Shuts down an attempt's sockets when its deadline passes: the blocked
-    read wakes with EOF and the attempt ends as a connection error."""
-
-    def __init__(self, seconds: float):
-        self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        self.expired = False
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-
-    def __enter__(self) -> "_Watch":
-        _current.watch = self
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._timer.cancel()
-        _current.watch = None
-
-    def attach(self, sock: socket.socket | None) -> None:
-        if sock is None:
-            return
-        with self._lock:
-            self._socks.append(sock)
-            expired = self.expired
-        if expired:
-            _shut(sock)
-
-    def _expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            socks = list(self._socks)
-        for sock in socks:
-            _shut(sock)
-
-
-def _shut(sock: socket.socket) -> None:
-    try:
-        # The plain socket's shutdown, also for an SSLSocket: unblocks a
-        # reader in another thread without touching the TLS object under it.
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-_current = threading.local()
-
-
-class _WatchedHTTPConnection(HTTPConnection):
-    def connect(self) -> None:
-        super().connect()
-        watch = getattr(_current, "watch", None)
-        if watch is not None:
-            watch.attach(self.sock)
-
-
-class _WatchedHTTPSConnection(HTTPSConnection):
-    def connect(self) -> None:
-        super().connect()
-        watch = getattr(_current, "watch", None)
-        if watch is not None:
-            watch.attach(self.sock)
-
-
-class _WatchedHTTPPool(HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTPConnection
-
-
-class _WatchedHTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPSConnection
-
-
 _ssl_contexts: dict[str, ssl.SSLContext] = {}
 _ssl_lock = threading.Lock()
 
@@ -203,8 +116,7 @@ class _PinnedAdapter(HTTPAdapter):
 
     def init_poolmanager(self, connections, maxsize, block=False, **pool_kwargs):
         super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool,
-                                                   "https": _WatchedHTTPSPool}
+        self.poolmanager.pool_classes_by_scheme = dict(WATCHED_POOLS)
 
     def build_connection_pool_key_attributes(self, request, verify, cert=None):
         host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
@@ -271,7 +183,7 @@ def _post_once(pinned_url: str, body: bytes, headers: dict[str, str], host: str,
     adapter = _PinnedAdapter(host, verify)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
-    watch = _Watch(deadline)
+    watch = Deadline(deadline)
     try:
         with watch:
             try:
@@ -302,6 +214,13 @@ def _post_once(pinned_url: str, body: bytes, headers: dict[str, str], host: str,
                 return Attempt(None, error=f"request error: {_short(exc)}",
                                elapsed=time.monotonic() - started, address=ip)
             with resp:
+                if watch.expired:
+                    # The deadline shut the socket while the headers were
+                    # still arriving: http.client reads that EOF as the end
+                    # of the headers and hands back the status line's code.
+                    # The receiver never finished answering: not a delivery.
+                    return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
+                                   elapsed=time.monotonic() - started, address=ip)
                 excerpt = _read_excerpt(resp)
                 return Attempt(resp.status_code,
                                retry_after=parse_retry_after(resp.headers.get("retry-after"),
@@ -329,34 +248,3 @@ def _read_excerpt(resp: requests.Response) -> str:
 
 def _short(exc: BaseException) -> str:
     return str(exc).replace("\n", " ")[:300]
-
-
-def parse_retry_after(value: str | None, date_header: str | None = None) -> float | None:
-    """``Retry-After`` in seconds: delta-seconds, or an HTTP-date measured
-    from the response's ``Date`` header when present (so neither clock's
-    skew matters), else from this host's clock. None when absent or
-    unparseable; never negative (RFC 9110, 10.2.3)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(int(value))
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    now = None
-    if date_header:
-        try:
-            now = parsedate_to_datetime(date_header)
-        except (TypeError, ValueError, IndexError):
-            now = None
-    if now is None:
-        now = datetime.now(timezone.utc)
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    if now.tzinfo is None:
-        now = now.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - now).total_seconds())

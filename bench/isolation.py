@@ -1,0 +1,304 @@
+"""Isolation bench (issue 11; never run as a test): a hanging merchant
+endpoint, a trickling rail and a burst of 500 payments at once, and what the
+merchants not involved see.
+
+    python bench/isolation.py                 # embedded Postgres under ./.vpay-bench
+    VPAY_DATABASE_URL=... python bench/isolation.py [--seconds 60] [--burst 500]
+
+What runs (all on 127.0.0.1, real processes for vpay):
+
+* one ``vpay-worker`` with its defaults (all lanes, ``--worker-concurrency 4``);
+* a MoMo stub (``tests/rail_stub.MomoStub``) that settles every charge on
+  its first status read;
+* Orange Money, trickling (``tests/rail_stub.OrangeTrickle``): every status
+  answer sends its headers at once, then one byte a second; merchant
+  ``t-trickle`` has ``--trickling`` charges on it;
+* merchant ``s-hanging``'s webhook endpoint accepts connections and never
+  answers; the burst (``--burst`` MoMo payments, 500) is theirs, created at
+  once: 500 polls due together, then two events per payment to deliver to
+  the hanging endpoint;
+* merchant ``c-calm`` (not involved): ``--rate`` MoMo payments a second for
+  ``--seconds``, webhooks to a receiver that answers 200 at once;
+* ``vpay-server api`` (defaults: 2 workers x 4 threads) whose MoMo rail hangs
+  (accepts, never answers), with 8 threads each creating a payment through
+  it every second (8 concurrent creates at any time) for the first
+  ``--api-seconds``, and a prober reading ``GET /healthz`` 5 times a second
+  meanwhile. Their payments reach the worker's (healthy) MoMo stub through
+  the resubmit path.
+
+Measured: poll lateness of ``c-calm``'s polls (the database's ``locked_at``
+at the claim, which the status read follows at once, minus the job's
+``run_at``: read time minus due time), p50/p99/max; ``/healthz`` latency
+p50/p99/max over the probes made while the creates were running; the
+machine's load average (1 min) at the start and the end. Goals (issue 11):
+unaffected poll lateness p99 <= 2 s, ``/healthz`` p99 <= 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psycopg
+import requests
+from psycopg import sql
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # the rail stubs the tests use
+
+from rail_stub import HangingRail, MomoStub, OrangeTrickle  # noqa: E402
+
+LATENESS_TRIGGER = """
+CREATE TABLE bench_claims (dedupe_key text, merchant text, lateness float8);
+CREATE FUNCTION bench_keep_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.kind = 'poll' AND NEW.locked_at IS NOT NULL AND OLD.locked_at IS NULL THEN
+    INSERT INTO bench_claims
+    SELECT NEW.dedupe_key, i.merchant_id, extract(epoch FROM NEW.locked_at - OLD.run_at)
+      FROM charges c JOIN payment_intents i ON i.id = c.payment_intent_id
+     WHERE c.id = NEW.payload ->> 'charge_id';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER bench_keep_claim AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION bench_keep_claim();
+"""
+
+
+def _server() -> str:
+    from vpay.db import database_url
+    os.environ.setdefault("VPAY_DATA_DIR", str(HERE.parent / ".vpay-bench"))
+    return database_url()
+
+
+def _fresh(server: str, name: str) -> str:
+    from vpay.db import migrate
+    admin = psycopg.conninfo.make_conninfo(server, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = psycopg.conninfo.make_conninfo(server, dbname=name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)
+        conn.execute(LATENESS_TRIGGER)
+    return url
+
+
+class OkReceiver:
+    """A webhook receiver that answers 200 at once."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("content-length", 0) or 0))
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
+
+
+def _payment(conn, merchant: str, rail: str = "mtn", currency: str = "EUR", amount: int = 1000,
+             payer: str = "256770000001") -> dict:
+    from vpay import money
+    created = money.create_payment(conn, merchant_id=merchant, amount=amount, currency=currency,
+                                   rail=rail, payer=payer)
+    if rail == "orange":
+        money.record_submission(conn, created.charge["id"],
+                                {"pay_token": "pt_" + created.charge["id"],
+                                 "payment_url": "https://pay.example/p"}, "nt")
+    money.mark_submitted(conn, created.charge["id"])
+    return created.charge
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long c-calm takes payments")
+    ap.add_argument("--rate", type=float, default=4.0, help="c-calm payments per second")
+    ap.add_argument("--burst", type=int, default=500, help="s-hanging's payments, created at once")
+    ap.add_argument("--trickling", type=int, default=10, help="t-trickle's Orange charges")
+    ap.add_argument("--api-seconds", type=float, default=20.0,
+                    help="how long the 8 API creators run against the hung rail (from the start)")
+    ap.add_argument("--worker-concurrency", type=int, default=4, help="the worker's claim loops")
+    args = ap.parse_args()
+
+    from vpay import merchants, webhooks
+
+    url = _fresh(_server(), "vpay_bench_isolation")
+    load_start = os.getloadavg()[0]
+    momo = MomoStub(default_outcome=("10.00", "EUR"))
+    orange = OrangeTrickle()
+    hanging_endpoint = HangingRail()
+    hung_rail = HangingRail()
+    ok = OkReceiver()
+    exe = Path(sys.executable).parent
+    env = {**os.environ, "VPAY_DATABASE_URL": url, "VPAY_WEBHOOKS_ALLOW_PRIVATE": "1",
+           "VPAY_LOG_LEVEL": "WARNING", **momo.env(), **orange.env()}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for m in ("s-hanging", "c-calm", "t-trickle", "api-m"):
+            merchants.create_merchant(conn, m, m)
+        webhooks.add_endpoint(conn, "s-hanging", f"{hanging_endpoint.url}/hook", permit_private=True)
+        webhooks.add_endpoint(conn, "c-calm", ok.url, permit_private=True)
+        api_key = merchants.create_api_key(conn, "api-m")[1]
+
+    log_dir = HERE.parent / ".vpay-bench"
+    log_dir.mkdir(exist_ok=True)
+    worker = subprocess.Popen([str(exe / "vpay-worker"), "--worker-concurrency", str(args.worker_concurrency)],
+                              env=env,
+                              stdout=open(log_dir / "isolation-worker.log", "wb"), stderr=subprocess.STDOUT)
+    port = _free_port()
+    api_env = {**env, "VPAY_MTN_BASE_URL": hung_rail.url}
+    api = subprocess.Popen([str(exe / "vpay-server"), "api", "--bind", f"127.0.0.1:{port}"], env=api_env,
+                           stdout=open(log_dir / "isolation-api.log", "wb"), stderr=subprocess.STDOUT)
+    api_url = f"http://127.0.0.1:{port}"
+    stop = threading.Event()      # the end of the run
+    api_stop = threading.Event()  # the end of the API window
+    health: list[float] = []
+    creates: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"{api_url}/healthz", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the API did not come up")
+            time.sleep(0.2)
+
+        def create_forever():
+            body = {"amount": 1000, "currency": "EUR",
+                    "payment_method": {"type": "mtn_momo", "msisdn": "256770000099"}}
+            while not api_stop.is_set():
+                began = time.monotonic()
+                try:
+                    r = requests.post(f"{api_url}/v1/payment_intents", json=body, timeout=60,
+                                      headers={"Authorization": f"Bearer {api_key}"})
+                    creates.append(r.status_code)
+                except requests.RequestException:
+                    creates.append(0)
+                api_stop.wait(max(0.0, 1.0 - (time.monotonic() - began)))  # at most one a second per thread
+
+        def probe():
+            while not api_stop.is_set():
+                started = time.monotonic()
+                try:
+                    requests.get(f"{api_url}/healthz", timeout=10)
+                    health.append(time.monotonic() - started)
+                except requests.RequestException:
+                    health.append(10.0)
+                api_stop.wait(0.2)
+
+        threading.Timer(args.api_seconds, api_stop.set).start()
+        threads = [threading.Thread(target=create_forever, daemon=True) for _ in range(8)]
+        threads.append(threading.Thread(target=probe, daemon=True))
+        for t in threads:
+            t.start()
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(args.trickling):
+                charge = _payment(conn, "t-trickle", rail="orange", currency="XOF", payer="22507000001")
+                conn.execute("UPDATE jobs SET run_at = now() WHERE dedupe_key = %s", (f"poll:{charge['id']}",))
+            with conn.transaction():
+                for _ in range(args.burst):
+                    _payment(conn, "s-hanging")
+            calm: list[str] = []
+            started = time.monotonic()
+            n = 0
+            while time.monotonic() - started < args.seconds:
+                due = started + n / args.rate
+                if time.monotonic() < due:
+                    time.sleep(due - time.monotonic())
+                calm.append(_payment(conn, "c-calm")["id"])
+                n += 1
+            wait_until = time.monotonic() + 120
+            while conn.execute("SELECT count(*) FROM charges WHERE id = ANY(%s) AND status = 'pending'",
+                               (calm,)).fetchone()[0]:
+                if time.monotonic() > wait_until:
+                    print("warning: some c-calm charges were still pending after 120 s", file=sys.stderr)
+                    break
+                time.sleep(0.5)
+            stop.set()
+            lateness = [r[0] for r in conn.execute(
+                "SELECT lateness FROM bench_claims WHERE merchant = 'c-calm'")]
+            others = {m: (len(v), _pct(v, 99)) for m in ("s-hanging", "t-trickle") if (v := [r[0] for r in conn.execute(
+                "SELECT lateness FROM bench_claims WHERE merchant = %s", (m,))])}
+            counts = dict(conn.execute("SELECT c.status, count(*) FROM charges c JOIN payment_intents i "
+                                       "ON i.id = c.payment_intent_id WHERE i.merchant_id = 'c-calm' "
+                                       "GROUP BY c.status").fetchall())
+            hanging_posts = hanging_endpoint.accepted
+            pending_to_hanging = conn.execute(
+                "SELECT count(*) FROM webhook_deliveries d JOIN webhook_endpoints w ON w.id = d.endpoint_id "
+                "WHERE w.merchant_id = 's-hanging' AND d.status = 'pending'").fetchone()[0]
+        for t in threads:
+            t.join(70)
+    finally:
+        stop.set()
+        api_stop.set()
+        for proc in (worker, api):
+            proc.terminate()
+        for proc in (worker, api):
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for s in (momo, orange, hanging_endpoint, hung_rail):
+            s.close()
+    load_end = os.getloadavg()[0]
+    result = {
+        "c_calm_polls": len(lateness), "c_calm_charges": counts,
+        "poll_lateness_seconds": {"p50": round(_pct(lateness, 50), 3), "p99": round(_pct(lateness, 99), 3),
+                                  "max": round(max(lateness), 3) if lateness else None},
+        "healthz_seconds": {"samples": len(health), "p50": round(_pct(health, 50), 4),
+                            "p99": round(_pct(health, 99), 4), "max": round(max(health), 4) if health else None},
+        "api_creates": {"answered_201": creates.count(201), "other": len(creates) - creates.count(201)},
+        "involved_merchants_polls_p99": {m: {"polls": n, "p99": round(p, 3)} for m, (n, p) in others.items()},
+        "hanging_endpoint_connections": hanging_posts, "deliveries_pending_to_hanging": pending_to_hanging,
+        "orange_trickling_reads": orange.reads,
+        "load_average_1min": {"start": round(load_start, 2), "end": round(load_end, 2)},
+        "cpus": os.cpu_count(), "burst": args.burst, "rate": args.rate, "seconds": args.seconds,
+        "api_seconds": args.api_seconds, "worker_concurrency": args.worker_concurrency,
+    }
+    print(json.dumps(result, indent=2))
+    print(f"\nc-calm poll lateness (s): p50 {result['poll_lateness_seconds']['p50']}  "
+          f"p99 {result['poll_lateness_seconds']['p99']}  max {result['poll_lateness_seconds']['max']}  "
+          f"(goal p99 <= 2)")
+    print(f"/healthz while the rail hangs (s): p99 {result['healthz_seconds']['p99']}  "
+          f"max {result['healthz_seconds']['max']}  (goal p99 <= 0.1)")
+    print(f"load average 1 min: {load_start:.2f} -> {load_end:.2f} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()

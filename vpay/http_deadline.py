@@ -1,0 +1,223 @@
+"""One total deadline for an outbound HTTP call, however the peer trickles.
+
+``requests``' timeouts are per socket operation: a connect timeout, and a read
+timeout that restarts with every byte. A peer that sends its headers at once
+and then one byte of body a second never trips either, and holds the caller
+for as long as it likes (the issue "Isolation", input 2: one MoMo status read
+took 110 s with (3.05, 10) s timeouts). ``Deadline`` bounds the whole call:
+
+* ``with Deadline(seconds) as deadline:`` starts a watchdog timer. Every
+  socket a ``requests`` session opens (or takes from its pool) inside the
+  block, in this thread, is registered with it, provided the session's
+  adapter uses ``WatchedHTTPPool`` / ``WatchedHTTPSPool`` (``DeadlineAdapter``
+  does; ``new_session()`` mounts it).
+* When the deadline passes, the watchdog shuts those sockets down
+  (``shutdown(SHUT_RDWR)`` on a duplicate of the descriptor, so it works for a
+  TLS socket and during the TLS handshake too). The blocked read wakes with
+  EOF and the call ends as a connection error; ``deadline.expired`` tells the
+  caller that this was the deadline, not the peer.
+* ``deadline.remaining()`` is what is left, for the caller's own waits (a
+  lock, a retry's sleep), so that those count against the same bound.
+
+Used by the webhook transport (``vpay.webhooks.transport``: one attempt) and
+by the rail adapters (``vpay.rails.mtn``, ``vpay.rails.orange``: one call,
+token fetch and transport retries included).
+
+``parse_retry_after`` reads a ``Retry-After`` header (RFC 9110, 10.2.3) for
+both: a merchant's receiver and a rail asking for less traffic.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+_current = threading.local()
+
+
+class Deadline:
+    """A total time bound, in seconds, for the HTTP work done inside
+    ``with Deadline(seconds):`` in the calling thread. Re-entrant per thread:
+    an inner ``Deadline`` is in force inside its block, the outer one again
+    after it. ``seconds`` must be positive and finite (callers validate
+    settings; ``ValueError`` otherwise)."""
+
+    def __init__(self, seconds: float):
+        if not (0 < seconds < float("inf")):
+            raise ValueError(f"a deadline needs a positive finite number of seconds, got {seconds!r}")
+        self.seconds = float(seconds)
+        self.expired = False
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._timer = threading.Timer(self.seconds, self._expire)
+        self._timer.daemon = True
+        self._started = time.monotonic()
+        self._outer: Deadline | None = None
+
+    def __enter__(self) -> "Deadline":
+        self._outer = getattr(_current, "deadline", None)
+        _current.deadline = self
+        self._started = time.monotonic()
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+        _current.deadline = self._outer
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for sock in socks:
+            try:
+                sock.close()  # our duplicate descriptor only; the connection's own is untouched
+            except OSError:
+                pass
+
+    def remaining(self) -> float:
+        """Seconds left (0 once passed)."""
+        return max(0.0, self.seconds - (time.monotonic() - self._started))
+
+    def attach(self, sock: socket.socket | None) -> None:
+        """Register ``sock`` (plain or TLS) to be shut when the deadline
+        passes; shut at once when it already has."""
+        if sock is None:
+            return
+        try:
+            dup = socket.socket(sock.family, sock.type, sock.proto, fileno=os.dup(sock.fileno()))
+        except (OSError, ValueError):
+            return  # already closed: nothing to bound
+        with self._lock:
+            self._socks.append(dup)
+            expired = self.expired
+        if expired:
+            _shut(dup)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shut(sock)
+
+
+def current() -> Deadline | None:
+    """The ``Deadline`` in force in this thread, if any."""
+    return getattr(_current, "deadline", None)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        # shutdown acts on the connection, not the descriptor: the reader
+        # blocked on the original descriptor (plain or TLS) wakes with EOF.
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _attach(sock) -> None:
+    deadline = current()
+    if deadline is not None:
+        deadline.attach(sock)
+
+
+class WatchedHTTPConnection(HTTPConnection):
+    """Registers its socket with the thread's ``Deadline`` as soon as the TCP
+    connection exists (before any TLS handshake)."""
+
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _attach(sock)
+        return sock
+
+
+class WatchedHTTPSConnection(HTTPSConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _attach(sock)
+        return sock
+
+
+class WatchedHTTPPool(HTTPConnectionPool):
+    """A pool whose connections are bounded by the thread's ``Deadline``,
+    including keep-alive connections taken again from the pool."""
+
+    ConnectionCls = WatchedHTTPConnection
+
+    def _get_conn(self, timeout=None):
+        conn = super()._get_conn(timeout)
+        _attach(getattr(conn, "sock", None))
+        return conn
+
+
+class WatchedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = WatchedHTTPSConnection
+
+    def _get_conn(self, timeout=None):
+        conn = super()._get_conn(timeout)
+        _attach(getattr(conn, "sock", None))
+        return conn
+
+
+WATCHED_POOLS = {"http": WatchedHTTPPool, "https": WatchedHTTPSPool}
+"""``PoolManager.pool_classes_by_scheme`` for an adapter whose calls a ``Deadline`` bounds."""
+
+
+class DeadlineAdapter(HTTPAdapter):
+    """``requests``' adapter with deadline-aware pools. ``max_retries=0``:
+    retries are the caller's (bounded, and counted against its deadline)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_retries", 0)
+        super().__init__(**kwargs)
+
+    def init_poolmanager(self, connections, maxsize, block=False, **pool_kwargs):
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(WATCHED_POOLS)
+
+
+def new_session() -> requests.Session:
+    """A ``requests.Session`` whose requests a ``Deadline`` bounds."""
+    session = requests.Session()
+    adapter = DeadlineAdapter()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def parse_retry_after(value: str | None, date_header: str | None = None) -> float | None:
+    """``Retry-After`` in seconds: delta-seconds, or an HTTP-date measured
+    from the response's ``Date`` header when present (so neither clock's
+    skew matters), else from this host's clock. None when absent or
+    unparseable; never negative (RFC 9110, 10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    now = None
+    if date_header:
+        try:
+            now = parsedate_to_datetime(date_header)
+        except (TypeError, ValueError, IndexError):
+            now = None
+    if now is None:
+        now = datetime.now(timezone.utc)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - now).total_seconds())

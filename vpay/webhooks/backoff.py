@@ -1,0 +1,94 @@
+"""Endpoint back-off: a merchant endpoint that is timing out waits as a whole.
+
+Issue "Isolation", input 1: an endpoint that accepts the connection and never
+answers costs every one of its deliveries a whole attempt deadline (connect
++ 2 x read, 35 s by default), one after the other, in the webhook lane;
+with a burst of events to that merchant the lane is theirs and every other
+merchant's deliveries wait. The retry schedule is per delivery and does not
+help: each new event's first attempt is due at once.
+
+So the endpoint is backed off, not only the delivery (rules applied by
+``vpay.handlers.webhooks.deliver``):
+
+* an attempt that timed out (no answer within the attempt's deadline, or no
+  connection within the connect timeout) counts one more timeout in a row on
+  the endpoint and sets ``backoff_until`` to now + ``BASE_SECONDS`` x
+  2^(timeouts before it), at most ``CAP_SECONDS``: 30 s, 60 s, 120 s, ...,
+  10 min;
+* any answer (whatever its status) or a connection refused at once resets it;
+* while ``backoff_until`` is in the future, a delivery to that endpoint is
+  deferred to then without a POST (``gate`` answers the wait): no attempt
+  spent, no failure, the delivery's own retry schedule untouched;
+* when the back-off has passed, one delivery (the probe) takes the endpoint
+  for one attempt's deadline and tries; the others keep waiting until the
+  probe answers (reset) or times out (a longer back-off).
+
+Columns ``webhook_endpoints.timeouts_in_row`` and ``backoff_until``
+(migration 0012); queries in ``sql/queries/endpoint_backoff.sql``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.rows import dict_row
+
+from ..queries import Q
+from .transport import Attempt
+
+log = logging.getLogger("vpay.webhooks")
+
+BASE_SECONDS = 30.0
+"""Back-off after the first timeout in a row; doubles with each further one."""
+CAP_SECONDS = 600.0
+"""The longest back-off (10 min)."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """``wait_seconds`` before this delivery may POST (0: go now);
+    ``probe`` when this delivery is the one trying a backed-off endpoint."""
+
+    wait_seconds: float
+    probe: bool = False
+
+
+def timed_out(attempt: Attempt) -> bool:
+    """Whether ``attempt`` ended because the endpoint did not answer in time
+    (connect timeout, read timeout, or the attempt's total deadline), as
+    opposed to an answer or a quick refusal."""
+    return attempt.status_code is None and bool(attempt.error) and \
+        attempt.error.startswith(("timeout", "connect timeout"))
+
+
+def gate(conn: psycopg.Connection, endpoint_id: str, probe_seconds: float) -> Gate:
+    """Ask before a POST to ``endpoint_id``. ``probe_seconds`` is how long a
+    probe holds a backed-off endpoint (one attempt's whole deadline). Writes
+    ``backoff_until`` only when this delivery becomes the probe."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["endpoint_backoff_gate"], {"endpoint_id": endpoint_id,
+                                                       "probe_seconds": float(probe_seconds)}).fetchone()
+    if row is None:
+        return Gate(0.0)
+    return Gate(float(row["wait_seconds"] or 0.0), bool(row["probe"]))
+
+
+def note(conn: psycopg.Connection, endpoint_id: str, attempt: Attempt) -> float | None:
+    """Record what ``attempt`` says about the endpoint: a timeout backs it
+    off (answers the back-off in seconds), anything else clears a back-off
+    (answers None)."""
+    if timed_out(attempt):
+        row = conn.execute(Q["endpoint_timed_out"], {"endpoint_id": endpoint_id,
+                                                     "base_seconds": BASE_SECONDS,
+                                                     "cap_seconds": CAP_SECONDS}).fetchone()
+        if row is None:
+            return None
+        log.warning("webhook endpoint backed off: it is timing out", extra={
+            "endpoint_id": endpoint_id, "timeouts_in_row": row[0],
+            "backoff_until": row[1].isoformat(), "backoff_seconds": round(row[2], 1)})
+        return float(row[2])
+    if conn.execute(Q["endpoint_answered"], {"endpoint_id": endpoint_id}).fetchone() is not None:
+        log.info("webhook endpoint answering again: back-off cleared", extra={"endpoint_id": endpoint_id})
+    return None
