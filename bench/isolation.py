@@ -49,7 +49,9 @@ from pathlib import Path
 
 import psycopg
 import requests
-from psycopg import sql
+
+import benchdb  # noqa: E402 (bench/ is the script's folder)
+from benchdb import fresh  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the rail stubs the tests use
@@ -70,25 +72,6 @@ BEGIN
 END $$;
 CREATE TRIGGER bench_keep_claim AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION bench_keep_claim();
 """
-
-
-def _server() -> str:
-    from vpay.db import database_url
-    os.environ.setdefault("VPAY_DATA_DIR", str(HERE.parent / ".vpay-bench"))
-    return database_url()
-
-
-def _fresh(server: str, name: str) -> str:
-    from vpay.db import migrate
-    admin = psycopg.conninfo.make_conninfo(server, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(server, dbname=name)
-    with psycopg.connect(url, autocommit=True) as conn:
-        migrate(conn)
-        conn.execute(LATENESS_TRIGGER)
-    return url
 
 
 class OkReceiver:
@@ -155,7 +138,7 @@ def main() -> None:
 
     from vpay import merchants, webhooks
 
-    url = _fresh(_server(), "vpay_bench_isolation")
+    url = fresh(benchdb.server(), "vpay_bench_isolation", LATENESS_TRIGGER)
     load_start = os.getloadavg()[0]
     momo = MomoStub(default_outcome=("10.00", "EUR"))
     orange = OrangeTrickle()

@@ -26,28 +26,12 @@ import time
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
+
+import benchdb  # noqa: E402 (bench/ is the script's folder)
+from benchdb import fresh  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-
-
-def _server() -> str:
-    from vpay.db import database_url
-    os.environ.setdefault("VPAY_DATA_DIR", str(HERE.parent / ".vpay-bench"))
-    return database_url()
-
-
-def _fresh(server: str, name: str) -> str:
-    from vpay.db import migrate
-    admin = psycopg.conninfo.make_conninfo(server, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(server, dbname=name)
-    with psycopg.connect(url, autocommit=True) as conn:
-        migrate(conn)
-        conn.execute("CREATE TABLE test_executions (job_key text NOT NULL, worker text NOT NULL)")
-    return url
+TEST_EXECUTIONS = "CREATE TABLE test_executions (job_key text NOT NULL, worker text NOT NULL)"
 
 
 def _worker(url: str, *args: str) -> subprocess.Popen:
@@ -65,7 +49,7 @@ def _wait_empty(conn, timeout: float = 600) -> None:
 
 
 def claim_latency(server: str, rounds: int = 10) -> None:
-    url = _fresh(server, "vpay_bench_latency")
+    url = fresh(server, "vpay_bench_latency", TEST_EXECUTIONS)
     # Test kinds live in the housekeeping lane: serve only it, so every loop claims them.
     proc = _worker(url, "--worker-concurrency", "4", "--idle-sleep", "1.0", "--queues", "housekeeping")
     worst = []
@@ -97,7 +81,7 @@ def claim_latency(server: str, rounds: int = 10) -> None:
 
 
 def throughput(server: str, n: int = 10_000) -> None:
-    url = _fresh(server, "vpay_bench_throughput")
+    url = fresh(server, "vpay_bench_throughput", TEST_EXECUTIONS)
     with psycopg.connect(url, autocommit=True) as conn:
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO jobs (kind, lane, dedupe_key) VALUES ('test.count', 'housekeeping', %s)",
@@ -119,6 +103,6 @@ def throughput(server: str, n: int = 10_000) -> None:
 
 
 if __name__ == "__main__":
-    server = _server()
+    server = benchdb.server()
     claim_latency(server)
     throughput(server)

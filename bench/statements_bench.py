@@ -25,27 +25,11 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
+
+import benchdb  # noqa: E402 (bench/ is the script's folder)
+from benchdb import fresh  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-
-
-def _server() -> str:
-    from vpay.db import database_url
-    os.environ.setdefault("VPAY_DATA_DIR", str(HERE.parent / ".vpay-bench"))
-    return database_url()
-
-
-def _fresh(server: str, name: str) -> str:
-    from vpay.db import migrate
-    admin = psycopg.conninfo.make_conninfo(server, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(server, dbname=name)
-    with psycopg.connect(url, autocommit=True) as conn:
-        migrate(conn)
-    return url
 
 
 def _ledger(url: str, n: int, path: Path) -> dict[str, int]:
@@ -101,7 +85,7 @@ def _timed(url: str, *args: str) -> tuple[float, str]:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50_000
-    url = _fresh(_server(), "vpay_bench_statements")
+    url = fresh(benchdb.server(), "vpay_bench_statements")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "statement.csv"
         kinds = _ledger(url, n, path)
