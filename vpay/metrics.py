@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import GaugeMetricFamily
 
 from .alert_kinds import ALERT_KINDS
+from .lanes import LANES
 from .rails.port import RailPaused
 
 log = logging.getLogger("vpay.metrics")
