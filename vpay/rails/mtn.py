@@ -80,6 +80,7 @@ from .http import (  # noqa: F401  (MAX_ATTEMPTS etc. re-exported)
 )
 from vpay.rails.port import (
     CallbackIds,
+    reported_currency,
     ChargeRequest,
     MalformedCallback,
     RailError,
@@ -783,7 +784,6 @@ def _blames_configuration(http: int, code: str | None, fresh_token: bool) -> boo
 
 _PRINTABLE_ID = re.compile(r"[\x21-\x7e]+")   # visible ASCII, no spaces
 _PRINTABLE_CODE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")   # inner spaces allowed
-_CURRENCY_CODE = re.compile(r"[A-Za-z]{3}")
 
 
 def _status_from_body(content: bytes, currency: str) -> RailStatus:
@@ -835,16 +835,10 @@ def _status_from_body(content: bytes, currency: str) -> RailStatus:
         elif reason in NOT_FINAL_FAILURE_REASONS:
             return RailStatus(StatusKind.PENDING, reason=reason, http_status=200,
                               detail=f"FAILED/{reason} is not final; keep polling")
-    reported_currency = None
-    if "currency" in body:
-        raw = body["currency"]
-        if isinstance(raw, str) and _CURRENCY_CODE.fullmatch(raw):
-            reported_currency = raw.upper()
-        else:
-            unreadable.append("currency")
+    reported = reported_currency(body, unreadable)
     amount = None
     if "amount" in body:
-        amount = major_string_to_minor(body["amount"], reported_currency or currency)
+        amount = major_string_to_minor(body["amount"], reported or currency)
         if amount is None:
             unreadable.append("amount")
     transaction_id = None
@@ -855,10 +849,10 @@ def _status_from_body(content: bytes, currency: str) -> RailStatus:
     detail = f"unreadable: {', '.join(unreadable)}" if unreadable else None
     if status == "SUCCESSFUL":
         return RailStatus(StatusKind.SUCCEEDED, http_status=200, financial_transaction_id=transaction_id,
-                          amount=amount, currency=reported_currency, unreadable=tuple(unreadable),
+                          amount=amount, currency=reported, unreadable=tuple(unreadable),
                           detail=detail)
     return RailStatus(StatusKind.FAILED, reason=reason, http_status=200, amount=amount,
-                      currency=reported_currency, unreadable=tuple(unreadable), detail=detail,
+                      currency=reported, unreadable=tuple(unreadable), detail=detail,
                       configuration=reason in CONFIGURATION_FAILURE_REASONS)
 
 

@@ -91,6 +91,7 @@ from .http import (  # noqa: F401  (MAX_ATTEMPTS etc. re-exported)
 )
 from .port import (
     CallbackIds,
+    reported_currency,
     ChargeRequest,
     MalformedCallback,
     RailError,
@@ -646,7 +647,6 @@ def _whole_amount(amount: int) -> int:
     return amount
 
 
-_CURRENCY_CODE = re.compile(r"[A-Za-z]{3}")
 _VISIBLE_ID = re.compile(r"[\x21-\x7e]+")
 
 
@@ -689,18 +689,12 @@ def _status_from_body(content: bytes, http: int, order_id: str, currency: str) -
         return RailStatus(StatusKind.NO_ANSWER, http_status=http,
                           detail=f"status body has no known status ({shown})")
     unreadable: list[str] = []
-    reported_currency = None
-    if "currency" in body:
-        raw = body["currency"]
-        if isinstance(raw, str) and _CURRENCY_CODE.fullmatch(raw):
-            reported_currency = raw.upper()
-        else:
-            unreadable.append("currency")
+    reported = reported_currency(body, unreadable)
     amount = None
     if "amount" in body:
         raw = body["amount"]
         if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-            amount = raw * 10 ** exponent(reported_currency or currency)
+            amount = raw * 10 ** exponent(reported or currency)
         else:
             unreadable.append("amount")
     txnid = None
@@ -713,7 +707,7 @@ def _status_from_body(content: bytes, http: int, order_id: str, currency: str) -
     detail = f"unreadable: {', '.join(unreadable)}" if unreadable else None
     kind = StatusKind.SUCCEEDED if status == SUCCESS else StatusKind.FAILED
     return RailStatus(kind, reason=None if status == SUCCESS else status, http_status=http,
-                      financial_transaction_id=txnid, amount=amount, currency=reported_currency,
+                      financial_transaction_id=txnid, amount=amount, currency=reported,
                       unreadable=tuple(unreadable), detail=detail)
 
 

@@ -13,6 +13,8 @@ Amounts are integers in the currency's minor unit throughout.
 
 from __future__ import annotations
 
+import re
+
 import enum
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
@@ -278,4 +280,21 @@ def http_url_problem(value: str) -> str | None:
         return "must be an http:// or https:// URL"
     if not parts.hostname:
         return "has no host"
+    return None
+
+
+_CURRENCY_CODE = re.compile(r"[A-Za-z]{3}")
+
+
+def reported_currency(body: dict, unreadable: list[str]) -> str | None:
+    """The ISO 4217 code a rail's status body reports, upper-cased; None when
+    the body has no ``currency``. A ``currency`` that is present but not three
+    letters is appended to ``unreadable`` (issue 12: unreadable is never
+    "not reported") and answers None."""
+    if "currency" not in body:
+        return None
+    raw = body["currency"]
+    if isinstance(raw, str) and _CURRENCY_CODE.fullmatch(raw):
+        return raw.upper()
+    unreadable.append("currency")
     return None
