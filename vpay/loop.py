@@ -45,7 +45,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from . import handlers, lanes, logs, metrics, queue
+from . import handlers, lanes, logs, metrics, queue, vacuum
 from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
 from .sdnotify import Notifier, watchdog_interval
 from .signals import Drain, ShutdownSignals
@@ -79,6 +79,9 @@ class WorkerConfig:
     lane_concurrency: dict[str, int] = field(default_factory=dict)
     passive: tuple[str, ...] = ()
     listen: bool = True
+    jobs_vacuum_every: int = vacuum.VACUUM_EVERY
+    """Finished jobs between two vacuums of ``jobs`` by this process
+    (``VPAY_JOBS_VACUUM_EVERY``; 0: none, autovacuum alone; vpay/vacuum.py)."""
 
     def loops(self) -> list[tuple[str, ...]]:
         """The lanes each claim loop serves (``lanes.split``)."""
@@ -160,6 +163,10 @@ class Worker:
         self.loops = config.loops()  # lanes.LaneError on a split that does not fit
         self.waker = Waker(self.loops)
         self.listener: Listener | None = None
+        self.jobs_vacuum: vacuum.JobsVacuum | None = None
+        if config.jobs_vacuum_every > 0:
+            self.jobs_vacuum = vacuum.JobsVacuum(pool.conninfo, config.jobs_vacuum_every,
+                                                 self._halt, config.worker_id)
         self._beats: list[float] = [time.monotonic()] * config.concurrency
 
     # ---- the claim loop -------------------------------------------------
@@ -256,6 +263,8 @@ class Worker:
             metrics.job_finished(job, outcome, None, elapsed)
             return None
         metrics.job_finished(job, outcome, kept, elapsed)
+        if kept and self.jobs_vacuum is not None:
+            self.jobs_vacuum.finished()
         if not kept:
             self.gauge.add(job.lane, lost=1)
             log.warning("lease lost: the outcome was discarded", extra=self._job_extra(
@@ -367,7 +376,8 @@ class Worker:
         top-level keys (``claimed`` ... ``reaped``, ``due``, ``leased``,
         ``dead``), and ``lanes``: the same per lane, plus ``loops`` (this
         worker's loops serving that lane). Depths are -1 when the database
-        cannot be read. Answers the line's fields."""
+        cannot be read. With the worker's own vacuum on, ``jobs_vacuum``:
+        ``vacuum.JobsVacuum.snapshot()``. Answers the line's fields."""
         counts: dict = self.gauge.snapshot()
         per_lane = self.gauge.lane_snapshot()
         unknown = {"due": -1, "leased": -1, "dead": -1}
@@ -384,6 +394,8 @@ class Worker:
         status = " ".join(f"{k}={v}" for k, v in counts.items())
         status += " due_by_lane=" + ",".join(f"{lane}:{row['due']}" for lane, row in per_lane.items())
         counts["lanes"] = per_lane
+        if self.jobs_vacuum is not None:
+            counts["jobs_vacuum"] = self.jobs_vacuum.snapshot()
         log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts,
                                  "rail_paused_until": self.ctx.rail_pauses()})
         self.notifier.status(status)
@@ -417,7 +429,8 @@ class Worker:
         split = lanes.describe(self.loops)
         log.info("worker started", extra={"worker_id": cfg.worker_id, "concurrency": cfg.concurrency,
                                           "queues": list(cfg.queues), "loops": split,
-                                          "lease_seconds": cfg.lease, "reaped_at_boot": reaped})
+                                          "lease_seconds": cfg.lease, "reaped_at_boot": reaped,
+                                          "jobs_vacuum_every": cfg.jobs_vacuum_every})
         # A rail lane riding along for want of its rail calls nobody: not a risk.
         shared = ["+".join(g) for g in dict.fromkeys(self.loops)
                   if len([lane for lane in g if lane not in cfg.passive]) > 1]
@@ -441,6 +454,8 @@ class Worker:
             # Its own session-level connection, never one of the pool's (wake.py).
             self.listener = Listener(self.pool.conninfo, self.waker, self._halt, cfg.worker_id)
             helpers.append(self.listener)
+        if self.jobs_vacuum is not None:
+            helpers.append(self.jobs_vacuum)
         for t in helpers:
             t.start()
         executor = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="claim")
@@ -474,6 +489,8 @@ class Worker:
             log.error("claim loop crashed", extra={"worker_id": cfg.worker_id,
                                                    "error": repr(f.exception())})
         self._halt.set()
+        if self.jobs_vacuum is not None:
+            self.jobs_vacuum.stop()
         if not pending:
             executor.shutdown(wait=True)
             self.gauge_line(final=True)
