@@ -180,17 +180,23 @@ class Worker:
         while not self._stopping.is_set() and not self.signals.stop.is_set():
             self._beats[slot] = time.monotonic()
             if job is None:
-                try:
-                    with self.pool.connection() as conn:
-                        job, next_due = queue.claim_or_next_due(conn, self.config.worker_id,
-                                                                self.config.lease, served)
-                except psycopg.Error as exc:  # any database error: back off, never end the loop
-                    log.warning("claim failed; database unavailable",
-                                extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
-                    self._stopping.wait(backoff)
-                    backoff = min(backoff * 2, 10.0)
-                    continue
-                backoff = 0.5
+                answer = self.waker.take(slot)
+                if answer is not None:
+                    # Woken by the listener, which claimed for this loop
+                    # (Waker.claim_for): its answer stands for our own claim.
+                    job, next_due = answer
+                else:
+                    try:
+                        with self.pool.connection() as conn:
+                            job, next_due = queue.claim_or_next_due(conn, self.config.worker_id,
+                                                                    self.config.lease, served)
+                    except psycopg.Error as exc:  # any database error: back off, never end the loop
+                        log.warning("claim failed; database unavailable",
+                                    extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
+                        self._stopping.wait(backoff)
+                        backoff = min(backoff * 2, 10.0)
+                        continue
+                    backoff = 0.5
                 if job is None:
                     # Until woken (a job of our lanes committed), the next job
                     # of our lanes is due, or the jittered idle sleep ends.
@@ -203,10 +209,20 @@ class Worker:
             self.waker.spread(slot)
             job = self._serve(job, served)
             self._beats[slot] = time.monotonic()
+        answer = self.waker.take(slot)
+        if job is None and answer is not None:
+            job = answer[0]  # the listener claimed for this loop as the drain began
         if job is not None:
             # Claimed with the last finish as the drain began: hand it back
             # now rather than hold it until its lease runs out.
             self._release([job.lease_token])
+
+    def _listener_claim(self, conn: psycopg.Connection,
+                        lanes: tuple[str, ...]) -> tuple[queue.Job | None, float | None]:
+        """The claim the listener makes, on its own connection, for the idle
+        loop serving ``lanes`` it is about to wake (``Waker.claim_for``):
+        ``(job, next_due_in)`` exactly as that loop's own claim would answer."""
+        return queue.claim_or_next_due(conn, self.config.worker_id, self.config.lease, lanes)
 
     def _serve(self, job: queue.Job, served: tuple[str, ...]) -> queue.Job | None:
         """Run ``job`` and record its outcome; answers the next job of
@@ -452,7 +468,8 @@ class Worker:
                                             name="watchdog", daemon=True))
         if cfg.listen:
             # Its own session-level connection, never one of the pool's (wake.py).
-            self.listener = Listener(self.pool.conninfo, self.waker, self._halt, cfg.worker_id)
+            self.listener = Listener(self.pool.conninfo, self.waker, self._halt, cfg.worker_id,
+                                     claim=self._listener_claim)
             helpers.append(self.listener)
         if self.jobs_vacuum is not None:
             helpers.append(self.jobs_vacuum)
