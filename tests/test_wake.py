@@ -249,3 +249,41 @@ def test_a_listener_claim_that_finds_no_idle_loop_claims_nothing_and_keeps_the_l
     assert calls == []
     assert waker.sleep(0, 30) is True  # the busy loop claims again before sleeping
     assert waker.take(0) is None
+
+
+def test_a_listener_claim_refused_on_a_sound_connection_leaves_the_claim_to_the_loop(db, db_url):
+    # A server that refuses writes (a demoted primary) refuses the listener's
+    # claim too: the loop is woken without an answer and claims itself, and
+    # the listener keeps its connection and goes on listening.
+    waker = Waker([("webhooks",)])
+    halt = threading.Event()
+    calls: list[tuple[str, ...]] = []
+
+    def claim(conn, lanes):
+        calls.append(lanes)
+        mode = "READ ONLY" if len(calls) == 1 else "READ WRITE"
+        conn.execute(f"SET SESSION CHARACTERISTICS AS TRANSACTION {mode}")
+        return queue.claim_or_next_due(conn, "w-test", 300.0, lanes)
+
+    listener = Listener(db_url, waker, halt, "t", claim=claim)
+    listener.start()
+    try:
+        assert listener.connected.wait(30)
+        for key, expect_job in (("hook:refused", False), ("hook:claimed", True)):
+            woken: list[bool] = []
+            sleeper = threading.Thread(target=lambda: woken.append(waker.sleep(0, 30)))
+            sleeper.start()
+            wait_until(lambda: waker._idle == [0], timeout=10, what="the loop asleep")
+            queue.enqueue(db, "test.noop", key, lane="webhooks")
+            sleeper.join(WELL_UNDER)
+            assert woken == [True]
+            answer = waker.take(0)
+            if expect_job:
+                assert answer[0].dedupe_key == key
+            else:
+                assert answer is None  # nothing claimed for it: it claims itself
+                assert queue.claim(db, "w-loop", 300.0, ["webhooks"]).dedupe_key == key
+        assert len(calls) == 2 and listener.connections == 1
+    finally:
+        waker.stop()
+        halt.set()
