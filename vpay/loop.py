@@ -45,7 +45,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from . import handlers, lanes, logs, metrics, queue
+from . import fairness, handlers, lanes, logs, metrics, queue
 from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
 from .sdnotify import Notifier, watchdog_interval
 from .signals import Drain, ShutdownSignals
@@ -159,6 +159,7 @@ class Worker:
         self._inflight_lock = threading.Lock()
         self.loops = config.loops()  # lanes.LaneError on a split that does not fit
         self.waker = Waker(self.loops)
+        self.fairness = fairness.Rebalancer()
         self.listener: Listener | None = None
         self._beats: list[float] = [time.monotonic()] * config.concurrency
 
@@ -194,6 +195,8 @@ class Worker:
                     continue
             # There may be more where this came from: one idle sibling claims too.
             self.waker.spread(slot)
+            if self.fairness.take_turn(job.lane, job.late_by):
+                self._rebalance(job.lane)
             job = self._serve(job, served)
             self._beats[slot] = time.monotonic()
         if job is not None:
@@ -215,6 +218,22 @@ class Worker:
         finally:
             with self._inflight_lock:
                 self._inflight.pop(job.lease_token, None)
+
+    def _rebalance(self, lane: str) -> None:
+        # The lane is behind: queue each merchant's excess in rounds behind
+        # everyone's share (vpay.fairness). Best effort: an error costs
+        # fairness for one pass, never the job already claimed.
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                placed = self.fairness.rebalance(conn, lane)
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning("lane rebalance failed", extra={"worker_id": self.config.worker_id,
+                                                        "lane": lane, "error": str(exc)[:300]})
+            return
+        metrics.lane_rebalanced(lane, placed)
+        if placed:
+            log.info("lane behind: rebalanced", extra={"worker_id": self.config.worker_id,
+                                                        "lane": lane, "placed_in_rounds": placed})
 
     def _release(self, tokens: list[uuid.UUID]) -> int:
         try:

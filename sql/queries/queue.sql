@@ -16,68 +16,81 @@ SELECT coalesce((SELECT rail FROM charges WHERE id = %(charge_id)s),
                 (SELECT rail FROM refunds WHERE id = %(refund_id)s)) AS rail;
 
 -- name: claim_lane
--- The oldest due job of one lane. Served by jobs_claimable_lane (lane,
--- run_at): an ordered index scan inside the lane that stops at the first row
--- SKIP LOCKED can take; no sort, other lanes' rows never read. Always one
--- row: the job's columns (all NULL when nothing is due) and next_due_in.
+-- The oldest due job of one lane that is within its merchant's share (round
+-- 0); when none is due, the oldest of the lowest round (rebalance_lane;
+-- sql/0015_fair_claims.sql). Each probe is an ordered index scan inside the
+-- lane (jobs_claimable_lane, then jobs_over_share) that stops at the first
+-- row SKIP LOCKED can take; no
+-- sort, other lanes' rows never read, and coalesce runs the second probe
+-- only when the first finds nothing. Always one row: the job's columns (all NULL when
+-- nothing is due), late_by (seconds past its run_at) and next_due_in.
 WITH claimed AS (
     UPDATE jobs
        SET attempts = attempts + 1,
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid()
-     WHERE id = (SELECT id
-                   FROM jobs
-                  WHERE lane = %(lane)s
-                    AND locked_at IS NULL
-                    AND run_at <> 'infinity'
-                    AND run_at <= now()
-                  ORDER BY run_at
-                  LIMIT 1
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+           lease_token = gen_random_uuid(),
+           share_round = 0
+     WHERE id = coalesce(
+                 (SELECT id FROM jobs
+                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round = 0 AND run_at <= now()
+                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+                 (SELECT id FROM jobs
+                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round > 0 AND run_at <= now()
+                   ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED))
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
+              extract(epoch FROM now() - run_at)::float8 AS late_by
 )
 SELECT claimed.*,
        -- only when nothing was claimed: seconds until the next job of these
        -- lanes is due (NULL: none scheduled), so the loop sleeps until then
        CASE WHEN claimed.id IS NULL THEN
-            (SELECT extract(epoch FROM min(run_at) - now())::float8
-               FROM jobs
-              WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity')
+            extract(epoch FROM least(
+                (SELECT min(run_at) FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round = 0),
+                (SELECT min(run_at) FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round > 0)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
 -- name: claim_lanes
--- The oldest due job of several lanes (a loop that shares lanes: fewer
+-- The same fair choice across several lanes (a loop that shares lanes: fewer
 -- loops than lanes). jobs_claimable (run_at) walks due rows in order and
 -- filters on the lane; an ordered scan of (lane, run_at) cannot serve
--- lane = ANY(...) ORDER BY run_at. The same one row as claim_lane.
+-- lane = ANY(...) ORDER BY run_at. Placed rows (a backlog's excess) are
+-- sorted. The same one row as claim_lane.
 WITH claimed AS (
     UPDATE jobs
        SET attempts = attempts + 1,
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid()
-     WHERE id = (SELECT id
-                   FROM jobs
-                  WHERE lane = ANY(%(lanes)s)
-                    AND locked_at IS NULL
-                    AND run_at <> 'infinity'
-                    AND run_at <= now()
-                  ORDER BY run_at
-                  LIMIT 1
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+           lease_token = gen_random_uuid(),
+           share_round = 0
+     WHERE id = coalesce(
+                 (SELECT id FROM jobs
+                   WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round = 0 AND run_at <= now()
+                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+                 (SELECT id FROM jobs
+                   WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round > 0 AND run_at <= now()
+                   ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED))
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
+              extract(epoch FROM now() - run_at)::float8 AS late_by
 )
 SELECT claimed.*,
        -- only when nothing was claimed: seconds until the next job of these
        -- lanes is due (NULL: none scheduled), so the loop sleeps until then
        CASE WHEN claimed.id IS NULL THEN
-            (SELECT extract(epoch FROM min(run_at) - now())::float8
-               FROM jobs
-              WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity')
+            extract(epoch FROM least(
+                (SELECT min(run_at) FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round = 0),
+                (SELECT min(run_at) FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round > 0)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -101,23 +114,27 @@ WITH finished AS (
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid()
-     WHERE id = (SELECT id
-                   FROM jobs
-                  WHERE lane = %(lane)s
-                    AND locked_at IS NULL
-                    AND run_at <> 'infinity'
-                    AND run_at <= now()
-                  ORDER BY run_at
-                  LIMIT 1
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+           lease_token = gen_random_uuid(),
+           share_round = 0
+     WHERE id = coalesce(
+                 (SELECT id FROM jobs
+                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round = 0 AND run_at <= now()
+                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+                 (SELECT id FROM jobs
+                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round > 0 AND run_at <= now()
+                   ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED))
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
+              extract(epoch FROM now() - run_at)::float8 AS late_by
 )
 SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
        CASE WHEN claimed.id IS NULL THEN
-            (SELECT extract(epoch FROM min(run_at) - now())::float8
-               FROM jobs
-              WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity')
+            extract(epoch FROM least(
+                (SELECT min(run_at) FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round = 0),
+                (SELECT min(run_at) FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round > 0)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -136,23 +153,27 @@ WITH finished AS (
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid()
-     WHERE id = (SELECT id
-                   FROM jobs
-                  WHERE lane = ANY(%(lanes)s)
-                    AND locked_at IS NULL
-                    AND run_at <> 'infinity'
-                    AND run_at <= now()
-                  ORDER BY run_at
-                  LIMIT 1
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+           lease_token = gen_random_uuid(),
+           share_round = 0
+     WHERE id = coalesce(
+                 (SELECT id FROM jobs
+                   WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round = 0 AND run_at <= now()
+                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+                 (SELECT id FROM jobs
+                   WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round > 0 AND run_at <= now()
+                   ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED))
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
+              extract(epoch FROM now() - run_at)::float8 AS late_by
 )
 SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
        CASE WHEN claimed.id IS NULL THEN
-            (SELECT extract(epoch FROM min(run_at) - now())::float8
-               FROM jobs
-              WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity')
+            extract(epoch FROM least(
+                (SELECT min(run_at) FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round = 0),
+                (SELECT min(run_at) FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round > 0)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -244,6 +265,54 @@ WITH reaped AS (
      WHERE reaped.run_at = 'infinity'
 )
 SELECT id, kind, lane, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
+
+-- name: rebalance_lane
+-- Fair queueing inside a lane (vpay/fairness.py; sql/0015_fair_claims.sql).
+-- Reads the lane's due, unclaimed backlog once and places each job that is
+-- not yet placed (share_round 0) into a round:
+--   * a merchant with no backlog yet keeps its oldest %(share)s jobs in round 0
+--     (within its share: claimed first, by age); its others start at the
+--     round the lane is serving now;
+--   * a merchant with a backlog queues its new jobs behind its last round.
+-- Claims serve round 0 first, then round by round, by age inside a round: a
+-- merchant new to the queue waits for one job per round of each backlogged
+-- merchant, never for a whole burst. Jobs already placed keep their round
+-- until claimed (a claim sets it back to 0), so each job is written at most
+-- once per time it is due. Rows are locked with SKIP LOCKED: a claim in flight
+-- is never waited for. Answers one row per job placed.
+WITH due AS (
+    SELECT id, fair_key, run_at, share_round FROM jobs
+     WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+       AND share_round = 0 AND run_at <= now() AND fair_key IS NOT NULL
+    UNION ALL
+    -- placed jobs were due when placed, and stay due until claimed
+    SELECT id, fair_key, run_at, share_round FROM jobs
+     WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+       AND share_round > 0 AND fair_key IS NOT NULL
+), backlog AS (
+    SELECT fair_key, max(share_round) AS last_round FROM due GROUP BY fair_key
+), serving AS (
+    SELECT coalesce(min(share_round) FILTER (WHERE share_round > 0), 1) - 1 AS round FROM due
+), fresh AS (
+    SELECT d.id, b.last_round,
+           row_number() OVER (PARTITION BY d.fair_key ORDER BY d.run_at, d.id)
+             - CASE WHEN b.last_round = 0 THEN %(share)s ELSE 0 END AS step
+      FROM due d JOIN backlog b ON b.fair_key = d.fair_key
+     WHERE d.share_round = 0
+), placed AS (
+    SELECT f.id, greatest(f.last_round, serving.round) + f.step AS round
+      FROM fresh f, serving
+     WHERE f.step > 0
+), locked AS (
+    SELECT j.id, placed.round FROM jobs j JOIN placed ON placed.id = j.id
+     WHERE j.locked_at IS NULL
+       FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE jobs j
+   SET share_round = locked.round
+  FROM locked
+ WHERE j.id = locked.id AND j.locked_at IS NULL AND j.share_round = 0
+RETURNING j.id, j.share_round;
 
 -- name: depth
 SELECT count(*) FILTER (WHERE locked_at IS NULL AND run_at <= now() AND run_at <> 'infinity') AS due,

@@ -1,0 +1,242 @@
+"""Fairness inside a lane (issue #11: a burst holds up nobody else), against a
+real Postgres: which merchant each job works for, how a rebalance places a
+backlog in rounds, and the order claims then take.
+
+vpay/fairness.py, sql/0015_fair_claims.sql, rebalance_lane in
+sql/queries/queue.sql. The worker-level test (a real ``vpay-worker``, a real
+rail stub, one merchant's burst) is at the end.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from vpay import db as vdb, fairness, money, queue, refunds
+from vpay.merchants import create_merchant
+from vpay.webhooks.endpoints import add_endpoint
+
+REBALANCE = fairness.Rebalancer()
+
+
+def _merchants(db, *names: str) -> None:
+    for name in names:
+        create_merchant(db, name)
+
+
+def _poll(db, merchant: str, ago: float, rail: str = "mtn") -> str:
+    """A submitted charge of ``merchant`` whose poll fell due ``ago`` seconds
+    ago; answers the poll's dedupe key."""
+    created = money.create_payment(db, merchant_id=merchant, amount=1000, currency="EUR", rail=rail,
+                                   payer="256770000001")
+    money.mark_submitted(db, created.charge["id"])
+    key = f"poll:{created.charge['id']}"
+    db.execute("UPDATE jobs SET run_at = now() - make_interval(secs => %s) WHERE dedupe_key = %s",
+               (ago, key))
+    return key
+
+
+def _claims(db, lanes=("mtn",)) -> list[str]:
+    """Claim every due job of ``lanes``, one at a time: their dedupe keys in claim order."""
+    order = []
+    while (job := queue.claim(db, "w1", 300, lanes)) is not None:
+        order.append(job.dedupe_key)
+    return order
+
+
+def _rounds(db) -> dict[str, int]:
+    return dict(db.execute("SELECT dedupe_key, share_round FROM jobs"))
+
+
+# --- which merchant a job works for -----------------------------------------
+
+
+def test_every_insert_path_records_the_merchant_a_job_works_for(db):
+    from vpay.queries import Q
+    _merchants(db, "m_a", "m_b")
+    add_endpoint(db, "m_b", "https://example.com/hook", resolver=lambda host, port: ["93.184.216.34"])
+    poll = _poll(db, "m_a", ago=0)  # the poll born with the charge
+    charge_id = poll.split(":", 1)[1]
+    other = _poll(db, "m_b", ago=0).split(":", 1)[1]  # its processing event gets a fan-out job
+    # scan_live's backstop insert
+    db.execute("DELETE FROM jobs WHERE dedupe_key = %s", (poll,))
+    db.execute("UPDATE charges SET created_at = now() - interval '1 hour' WHERE id = %s", (charge_id,))
+    assert db.execute(Q["scan_live"], {"untouched": 60}).fetchall() == [(charge_id,)]
+    # a refund's status read
+    db.execute("UPDATE charges SET status = 'succeeded', settled_at = now() WHERE id = %s", (charge_id,))
+    refund = refunds.create_refund(db, charge_id=charge_id, amount=100)
+    # the delivery of m_b's event
+    event_id = db.execute("SELECT payload ->> 'event_id' FROM jobs WHERE kind = 'fanout'").fetchone()[0]
+    assert db.execute(Q["fanout_deliveries"], {"event_id": event_id}).fetchall()
+    # housekeeping has no merchant, even with a payload naming a charge
+    queue.enqueue(db, "sweep", "sweep:x", {"charge_id": charge_id})
+    rows = sorted(db.execute("SELECT kind, coalesce(payload ->> 'refund_id', payload ->> 'charge_id', "
+                             "payload ->> 'event_id'), fair_key FROM jobs"))
+    assert rows == sorted([("poll", charge_id, "m_a"), ("poll", other, "m_b"),
+                           ("refund_poll", refund["id"], "m_a"), ("fanout", event_id, "m_b"),
+                           ("deliver", event_id, "m_b"), ("sweep", charge_id, None)])
+
+
+# --- rounds ------------------------------------------------------------------
+
+
+def test_without_a_backlog_to_rebalance_claims_stay_oldest_first(db):
+    _merchants(db, "m_s", "m_c")
+    burst = [_poll(db, "m_s", ago=60 - i) for i in range(4)]
+    calm = _poll(db, "m_c", ago=10)
+    assert _claims(db) == burst + [calm]
+
+
+def test_a_rebalance_serves_each_merchants_share_then_one_job_per_round(db):
+    _merchants(db, "m_s", "m_c", "m_d")
+    s = [_poll(db, "m_s", ago=60 - i) for i in range(6)]   # the burst: oldest
+    c = [_poll(db, "m_c", ago=10 - i) for i in range(2)]
+    d = [_poll(db, "m_d", ago=5)]
+    assert REBALANCE.rebalance(db, "mtn") == 5 + 1  # s[1:] and c[1]
+    rounds = _rounds(db)
+    assert [rounds[k] for k in s] == [0, 1, 2, 3, 4, 5]
+    assert [rounds[k] for k in c] == [0, 1] and rounds[d[0]] == 0
+    # round 0 by age, then round by round, by age inside a round
+    assert _claims(db) == [s[0], c[0], d[0], s[1], c[1], s[2], s[3], s[4], s[5]]
+    assert set(_rounds(db).values()) == {0}  # a claim sets the round back to 0
+
+
+def test_a_merchant_that_falls_behind_later_joins_the_round_being_served(db):
+    _merchants(db, "m_s", "m_c", "m_e")
+    s = [_poll(db, "m_s", ago=60 - i) for i in range(6)]
+    c = [_poll(db, "m_c", ago=10 - i) for i in range(2)]
+    REBALANCE.rebalance(db, "mtn")
+    served = [queue.claim(db, "w1", 300, ("mtn",)).dedupe_key for _ in range(5)]
+    assert served == [s[0], c[0], s[1], c[1], s[2]]  # rounds 0, 1 and s[2] of round 2
+    # now e falls behind with three, and s gets one more due
+    e = [_poll(db, "m_e", ago=2 - i * 0.1) for i in range(3)]
+    s_new = _poll(db, "m_s", ago=0)
+    assert REBALANCE.rebalance(db, "mtn") == 3  # e[1], e[2] and s_new; placed jobs keep their round
+    rounds = _rounds(db)
+    # serving round 3 (s[3]'s): e starts there; s queues behind its last round (5)
+    assert [rounds[k] for k in e] == [0, 3, 4] and rounds[s_new] == 6
+    assert _claims(db) == [e[0], s[3], e[1], s[4], e[2], s[5], s_new]
+
+
+def test_only_due_jobs_with_a_merchant_are_placed_and_a_lone_backlog_is_still_served(db):
+    _merchants(db, "m_s")
+    s = [_poll(db, "m_s", ago=30 - i) for i in range(3)]
+    later = _poll(db, "m_s", ago=-3600)              # not due: never placed
+    queue.enqueue(db, "test.count", "t:1", lane="mtn")  # no merchant
+    queue.enqueue(db, "test.count", "t:2", lane="mtn")
+    db.execute("UPDATE jobs SET run_at = now() - interval '40 seconds' WHERE kind = 'test.count'")
+    assert REBALANCE.rebalance(db, "mtn") == 2
+    rounds = _rounds(db)
+    assert rounds[later] == 0 and rounds["t:1"] == rounds["t:2"] == 0
+    # work-conserving: placed jobs run as soon as nothing in round 0 is due
+    assert _claims(db) == ["t:1", "t:2", s[0], s[1], s[2]]
+    assert REBALANCE.rebalance(db, "mtn") == 0  # nothing due is left to place
+
+
+def test_a_rebalance_never_waits_for_a_claim_in_flight(db, db_url):
+    _merchants(db, "m_s")
+    s = [_poll(db, "m_s", ago=30 - i) for i in range(4)]
+    with psycopg.connect(db_url) as holder:  # a claim that has locked s[2] and not committed yet
+        holder.execute("SELECT id FROM jobs WHERE dedupe_key = %s FOR UPDATE", (s[2],))
+        db.execute("SET lock_timeout = '2s'")  # would raise here if the pass waited
+        assert REBALANCE.rebalance(db, "mtn") == 2
+        rounds = _rounds(db)
+        assert [rounds[k] for k in s] == [0, 1, 0, 3]  # s[2] kept its place in the count
+        holder.rollback()
+    db.execute("RESET lock_timeout")
+
+
+def test_a_rescheduled_poll_starts_within_its_share_again(db):
+    _merchants(db, "m_s")
+    s = [_poll(db, "m_s", ago=30 - i) for i in range(3)]
+    REBALANCE.rebalance(db, "mtn")
+    first = queue.claim(db, "w1", 300, ("mtn",))
+    second = queue.claim(db, "w1", 300, ("mtn",))
+    assert (first.dedupe_key, second.dedupe_key) == (s[0], s[1])
+    assert queue.reschedule(db, second, 0)
+    assert _rounds(db)[s[1]] == 0
+    assert _claims(db) == [s[1], s[2]]  # back in round 0: before the placed s[2]
+
+
+def test_loops_that_share_lanes_claim_by_rounds_too(db):
+    _merchants(db, "m_s", "m_c")
+    s = [_poll(db, "m_s", ago=60 - i) for i in range(3)]
+    c = [_poll(db, "m_c", ago=20 - i, rail="orange") for i in range(1)]
+    REBALANCE.rebalance(db, "mtn")
+    REBALANCE.rebalance(db, "orange")
+    assert _claims(db, lanes=("mtn", "orange")) == [s[0], c[0], s[1], s[2]]
+
+
+def test_claims_read_the_fair_indexes(db):
+    from vpay.queries import Q
+    db.execute("SET enable_seqscan = off")
+    try:
+        one = "\n".join(r[0] for r in db.execute(
+            "EXPLAIN " + Q["claim_lane"], {"worker": "w", "lease": 30.0, "lane": "mtn"}))
+        several = "\n".join(r[0] for r in db.execute(
+            "EXPLAIN " + Q["claim_lanes"], {"worker": "w", "lease": 30.0, "lanes": ["mtn", "orange"]}))
+    finally:
+        db.execute("RESET enable_seqscan")
+    assert "jobs_claimable_lane" in one and "jobs_over_share" in one
+    assert "jobs_claimable on jobs" in several and "jobs_over_share" in several
+
+
+def test_the_migration_records_the_merchant_of_jobs_already_queued(db_url):
+    """0015 applied to a database with live jobs (an upgrade) fills their fair_key."""
+    name = f"vpay_fair_upgrade_{uuid.uuid4().hex[:8]}"
+    admin = make_conninfo(db_url, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        with psycopg.connect(make_conninfo(db_url, dbname=name), autocommit=True) as conn:
+            files = vdb.migration_files()
+            before = [(n, text) for n, text in files if n < "0015"]
+            with conn.transaction():
+                for _n, text in before:
+                    conn.execute(text)
+            create_merchant(conn, "m_old")
+            created = money.create_payment(conn, merchant_id="m_old", amount=500, currency="EUR",
+                                           rail="mtn", payer="256770000001")
+            conn.execute("INSERT INTO jobs (kind, lane, dedupe_key) VALUES ('scan', 'housekeeping', 'scan:1')")
+            [(text,)] = [(t,) for n, t in files if n.startswith("0015")]
+            conn.execute(text)
+            rows = dict(conn.execute("SELECT kind, fair_key FROM jobs"))
+            assert rows == {"poll": "m_old", "scan": None}
+            assert created.charge["id"]
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+# --- when a worker rebalances ------------------------------------------------
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_lane_is_rebalanced_only_when_behind_and_at_most_once_per_interval():
+    clock = _Clock()
+    r = fairness.Rebalancer(behind=0.25, interval=0.5, clock=clock)
+    assert not r.take_turn("mtn", 0.25)      # at the threshold: keeping up
+    assert r.take_turn("mtn", 0.2501)
+    assert not r.take_turn("mtn", 30.0)      # the turn was just taken
+    assert r.take_turn("orange", 1.0)        # lanes take turns apart
+    clock.now += 0.4999
+    assert not r.take_turn("mtn", 1.0)
+    clock.now += 0.0001
+    assert r.take_turn("mtn", 1.0)
+    assert not r.take_turn("housekeeping", 60.0)  # no merchants there
+
+
+def test_a_share_below_one_is_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        fairness.Rebalancer(share=0)
