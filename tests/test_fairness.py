@@ -121,6 +121,17 @@ def test_a_merchant_that_falls_behind_later_joins_the_round_being_served(db):
     assert _claims(db) == [e[0], s[3], e[1], s[4], e[2], s[5], s_new]
 
 
+def test_a_job_being_worked_on_uses_its_merchants_share(db):
+    _merchants(db, "m_s", "m_c")
+    s = [_poll(db, "m_s", ago=30 - i) for i in range(4)]
+    c = _poll(db, "m_c", ago=5)
+    assert queue.claim(db, "w1", 300, ("mtn",)).dedupe_key == s[0]  # running: s's share is used
+    assert REBALANCE.rebalance(db, "mtn") == 3
+    rounds = _rounds(db)
+    assert [rounds[k] for k in s[1:]] == [1, 2, 3] and rounds[c] == 0
+    assert _claims(db) == [c] + s[1:]
+
+
 def test_only_due_jobs_with_a_merchant_are_placed_and_a_lone_backlog_is_still_served(db):
     _merchants(db, "m_s")
     s = [_poll(db, "m_s", ago=30 - i) for i in range(3)]
@@ -240,3 +251,37 @@ def test_a_lane_is_rebalanced_only_when_behind_and_at_most_once_per_interval():
 def test_a_share_below_one_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         fairness.Rebalancer(share=0)
+
+
+# --- a real worker -------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_burst_on_a_rail_does_not_hold_up_other_merchants_reads(db, db_url, spawn):
+    """One merchant's 60 charges fall due together, 5 s before two calm
+    merchants' next reads; one claim loop serves the lane. Oldest first, the
+    calm merchants' reads would come 61st and later; with fairness they come
+    right after the burst's first read, one burst read per round between."""
+    from rail_stub import MomoStub
+    from support import base_env, wait_until
+
+    _merchants(db, "m_burst", "m_calm", "m_other")
+    burst = [_poll(db, "m_burst", ago=8 - i * 0.01) for i in range(60)]
+    calm = _poll(db, "m_calm", ago=3)
+    other = [_poll(db, "m_other", ago=2 - i * 0.1) for i in range(2)]
+    charges = dict(db.execute("SELECT id, rail_reference FROM charges"))
+    ref = {key: charges[key.split(":", 1)[1]] for key in burst + [calm] + other}
+    stub = MomoStub(default_outcome=("10.00", "EUR"))
+    try:
+        spawn("vpay-worker", "--queues", "mtn", "--worker-concurrency", "1", "--idle-sleep", "0.1",
+              env=base_env(db_url, **stub.env()))
+        wait_until(lambda: db.execute("SELECT count(*) FROM charges WHERE status = 'succeeded'"
+                                      ).fetchone()[0] == 63, timeout=120, what="every charge settled")
+        reads = [e.reference for e in stub.requests("/collection/v1_0/requesttopay/")
+                 if e.method == "GET"]
+    finally:
+        stub.close()
+    assert sorted(reads) == sorted(ref.values())  # each charge read once
+    assert reads[:5] == [ref[burst[0]], ref[calm], ref[other[0]], ref[burst[1]], ref[other[1]]]
+    assert reads[5:] == [ref[k] for k in burst[2:]]
+    assert db.execute("SELECT count(*) FROM jobs WHERE lane = 'mtn'").fetchone()[0] == 0

@@ -17,7 +17,8 @@ a loop is free.
   ``BEHIND_SECONDS`` ago), the claiming worker **rebalances** the lane
   (``rebalance_lane``): each due job not yet placed gets a round
   (``jobs.share_round``). A merchant with no backlog keeps its oldest
-  ``SHARE`` in round 0 and starts the rest at the round the lane is serving;
+  ``SHARE`` in round 0, less its jobs the lane is running now, and starts
+  the rest at the round the lane is serving;
   a merchant with a backlog queues new jobs behind its last round;
 * a claim takes the oldest due job of round 0 first, then the lowest round
   (oldest first inside it), and sets the job's round back to 0: a

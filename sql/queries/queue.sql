@@ -270,9 +270,9 @@ SELECT id, kind, lane, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
 -- Fair queueing inside a lane (vpay/fairness.py; sql/0015_fair_claims.sql).
 -- Reads the lane's due, unclaimed backlog once and places each job that is
 -- not yet placed (share_round 0) into a round:
---   * a merchant with no backlog yet keeps its oldest %(share)s jobs in round 0
---     (within its share: claimed first, by age); its others start at the
---     round the lane is serving now;
+--   * a merchant with no backlog yet keeps its oldest jobs in round 0 (within
+--     its share: claimed first, by age), %(share)s less those of its jobs the
+--     lane is running now; its others start at the round being served;
 --   * a merchant with a backlog queues its new jobs behind its last round.
 -- Claims serve round 0 first, then round by round, by age inside a round: a
 -- merchant new to the queue waits for one job per round of each backlogged
@@ -291,13 +291,19 @@ WITH due AS (
        AND share_round > 0 AND fair_key IS NOT NULL
 ), backlog AS (
     SELECT fair_key, max(share_round) AS last_round FROM due GROUP BY fair_key
+), running AS (
+    -- jobs being worked on use their merchant's share too
+    SELECT fair_key, count(*) AS n FROM jobs
+     WHERE locked_at IS NOT NULL AND lane = %(lane)s AND fair_key IS NOT NULL
+     GROUP BY fair_key
 ), serving AS (
     SELECT coalesce(min(share_round) FILTER (WHERE share_round > 0), 1) - 1 AS round FROM due
 ), fresh AS (
     SELECT d.id, b.last_round,
            row_number() OVER (PARTITION BY d.fair_key ORDER BY d.run_at, d.id)
-             - CASE WHEN b.last_round = 0 THEN %(share)s ELSE 0 END AS step
+             - CASE WHEN b.last_round = 0 THEN greatest(%(share)s - coalesce(r.n, 0), 0) ELSE 0 END AS step
       FROM due d JOIN backlog b ON b.fair_key = d.fair_key
+                 LEFT JOIN running r ON r.fair_key = d.fair_key
      WHERE d.share_round = 0
 ), placed AS (
     SELECT f.id, greatest(f.last_round, serving.round) + f.step AS round
