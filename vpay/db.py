@@ -169,7 +169,8 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
         max_size=max_size,
         name=name,
         open=False,
-        kwargs={"autocommit": True},
+        # application_name: pg_stat_activity shows whose connections these are
+        kwargs={"autocommit": True, "application_name": name},
         check=check_if_idle,
         # Bounded, so the pool's back-off restarts within seconds after a long
         # outage (unbounded, it doubles for ever: ~30 s late after 90 s down);
