@@ -18,11 +18,14 @@ a loop is free.
   (``rebalance_lane``): each due job not yet placed gets a round
   (``jobs.share_round``). A merchant with no backlog keeps its oldest
   ``SHARE`` in round 0, less its jobs the lane is running now, and starts
-  the rest at the round the lane is serving;
-  a merchant with a backlog queues new jobs behind its last round;
+  the rest at the round the lane is serving; a merchant with a backlog keeps
+  ``SHARE`` in round 0 and queues the others behind its last round;
 * a claim takes the oldest due job of round 0 first, then the lowest round
   (oldest first inside it), and sets the job's round back to 0: a
-  rescheduled poll starts within its share again.
+  rescheduled poll starts within its share again;
+* so that round 0 cannot keep the rounds waiting for ever (one-job merchants
+  arriving faster than the lane reads), a pass puts the lowest round back in
+  round 0 once its oldest job is ``ROUND_AGE_SECONDS`` past due.
 
 So a merchant not involved in a burst waits, at worst, for the jobs already
 running and one job per round of each backlogged merchant, never for the
@@ -58,6 +61,14 @@ BEHIND_SECONDS = 0.25
 the lane is behind: a rebalance is due. A lane that keeps up (claims within
 the wake-up's few milliseconds) never pays for one."""
 
+ROUND_AGE_SECONDS = 10.0
+"""Seconds past due after which the lowest round goes back to round 0 at the
+next pass. Round 0 (each merchant's share, and every job due since the last
+pass) is served before any round; without this, one-job merchants arriving
+faster than the lane reads (overload) would keep a backlog's rounds waiting
+for ever. With it, every pass while the lane is behind serves each backlog
+at least one more job."""
+
 PASS_INTERVAL = 0.5
 """Seconds between two rebalances of one lane by one process, at least.
 Bounds the pass's cost (one read of the lane's due backlog) while a
@@ -67,17 +78,21 @@ backlog lasts; jobs that fall due between passes queue by age."""
 class Rebalancer:
     """Decides when a worker process rebalances a lane, and does it.
 
-    ``share``, ``behind`` and ``interval`` default to ``SHARE``,
-    ``BEHIND_SECONDS`` and ``PASS_INTERVAL``; ``clock`` (seconds, monotonic)
-    is for tests. Thread-safe: of several claim loops that find their lane
+    ``share``, ``behind``, ``interval`` and ``age`` default to ``SHARE``,
+    ``BEHIND_SECONDS``, ``PASS_INTERVAL`` and ``ROUND_AGE_SECONDS``; ``clock``
+    (seconds, monotonic) is for tests. Thread-safe: of several claim loops that find their lane
     behind at once, one rebalances."""
 
     def __init__(self, share: int = SHARE, behind: float = BEHIND_SECONDS,
-                 interval: float = PASS_INTERVAL, lanes: tuple[str, ...] = FAIR_LANES,
+                 interval: float = PASS_INTERVAL, age: float = ROUND_AGE_SECONDS,
+                 lanes: tuple[str, ...] = FAIR_LANES,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if share < 1:
             raise ValueError(f"share {share}: each merchant keeps at least 1 due job in place")
+        if not age >= 0:
+            raise ValueError(f"age {age}: seconds, at least 0")
         self.share = share
+        self.age = age
         self.behind = behind
         self.interval = interval
         self.lanes = frozenset(lanes)
@@ -99,9 +114,13 @@ class Rebalancer:
             self._last[lane] = now
         return True
 
-    def rebalance(self, conn: psycopg.Connection, lane: str) -> int:
+    def rebalance(self, conn: psycopg.Connection, lane: str) -> tuple[int, int]:
         """One pass over ``lane`` (``rebalance_lane``) on ``conn`` (autocommit):
-        answers how many due jobs it placed in a round beyond their
-        merchant's share. Raises ``psycopg.Error`` on a database error
-        (nothing is half-written: one statement)."""
-        return len(conn.execute(Q["rebalance_lane"], {"lane": lane, "share": self.share}).fetchall())
+        answers ``(placed, aged)``: due jobs it placed in a round beyond their
+        merchant's share, and jobs of the lowest round it put back in round 0
+        because they had waited ``age`` seconds. Raises ``psycopg.Error`` on a
+        database error (nothing is half-written: one statement)."""
+        rows = conn.execute(Q["rebalance_lane"], {"lane": lane, "share": self.share,
+                                                 "age": self.age}).fetchall()
+        placed = sum(1 for _id, round_ in rows if round_ > 0)
+        return placed, len(rows) - placed

@@ -225,15 +225,16 @@ class Worker:
         # fairness for one pass, never the job already claimed.
         try:
             with self.pool.connection(timeout=5) as conn:
-                placed = self.fairness.rebalance(conn, lane)
+                placed, aged = self.fairness.rebalance(conn, lane)
         except (psycopg.Error, PoolTimeout) as exc:
             log.warning("lane rebalance failed", extra={"worker_id": self.config.worker_id,
                                                         "lane": lane, "error": str(exc)[:300]})
             return
         metrics.lane_rebalanced(lane, placed)
-        if placed:
+        if placed or aged:
             log.info("lane behind: rebalanced", extra={"worker_id": self.config.worker_id,
-                                                        "lane": lane, "placed_in_rounds": placed})
+                                                        "lane": lane, "placed_in_rounds": placed,
+                                                        "aged_to_round_0": aged})
 
     def _release(self, tokens: list[uuid.UUID]) -> int:
         try:
