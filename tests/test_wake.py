@@ -172,3 +172,118 @@ def test_no_fanout_job_for_an_event_whose_merchant_has_no_enabled_endpoint(db, m
     assert _fanouts(db) == [f"fanout:{event_id}"]
     assert db.execute("SELECT lane FROM jobs WHERE kind = 'fanout'").fetchone()[0] == "webhooks"
     assert endpoint
+
+
+def test_the_listener_claims_for_the_loop_it_wakes_and_the_loop_starts_from_that_claim(db, db_url):
+    # The real trigger and listener, with the worker's kind of claim: the
+    # woken loop finds the job already leased to its worker id, and the loop
+    # of another lane is neither woken nor claimed for.
+    waker = Waker([("mtn",), ("webhooks",)])
+    halt = threading.Event()
+    claims: list[tuple[str, ...]] = []
+
+    def claim(conn, lanes):
+        claims.append(lanes)
+        return queue.claim_or_next_due(conn, "w-test", 300.0, lanes)
+
+    listener = Listener(db_url, waker, halt, "t", claim=claim)
+    listener.start()
+    try:
+        assert listener.connected.wait(30)
+        woken: dict[int, bool] = {}
+        sleepers = [threading.Thread(target=lambda s=s: woken.__setitem__(s, waker.sleep(s, 30)))
+                    for s in (0, 1)]
+        for t in sleepers:
+            t.start()
+        wait_until(lambda: len(waker._idle) == 2, timeout=10, what="both loops asleep")
+        queue.enqueue(db, "test.noop", "hook:claimed", lane="webhooks")
+        sleepers[1].join(WELL_UNDER)
+        assert woken.get(1) is True
+        job, next_due = waker.take(1)
+        assert job is not None and job.dedupe_key == "hook:claimed" and next_due is None
+        assert waker.take(1) is None  # once
+        assert db.execute("SELECT locked_by, lease_token FROM jobs WHERE dedupe_key = 'hook:claimed'"
+                          ).fetchone() == ("w-test", job.lease_token)
+        assert claims == [("webhooks",)]
+        assert sleepers[0].is_alive() and waker.take(0) is None
+    finally:
+        waker.stop()
+        halt.set()
+    for t in sleepers:
+        t.join(5)
+
+
+def test_a_loop_whose_sleep_ends_while_the_listener_claims_for_it_waits_for_that_claim():
+    # The drain (or the loop's own timeout) must not leave a job the listener
+    # is claiming for it without an owner: the loop takes the answer.
+    waker = Waker([("mtn",)])
+    in_claim, release = threading.Event(), threading.Event()
+    released = [False]
+    seen: list = []
+
+    def slow_claim(lanes):
+        in_claim.set()
+        release.wait(30)
+        released[0] = True
+        return ("job", None)
+
+    sleeper = threading.Thread(target=lambda: seen.append((waker.sleep(0, 30), released[0])))
+    sleeper.start()
+    wait_until(lambda: waker._idle == [0], timeout=10, what="the loop asleep")
+    claimer = threading.Thread(target=lambda: waker.claim_for("mtn", slow_claim))
+    claimer.start()
+    assert in_claim.wait(10)
+    waker.stop()                  # the drain wakes every loop...
+    release.set()
+    sleeper.join(10)
+    claimer.join(10)
+    assert seen == [(True, True)]  # ...but this one returned only after the claim
+    assert waker.take(0) == ("job", None)
+
+
+def test_a_listener_claim_that_finds_no_idle_loop_claims_nothing_and_keeps_the_lane_pending():
+    waker = Waker([("mtn",)])
+    calls: list = []
+    assert waker.claim_for("mtn", calls.append) is False      # the loop is busy
+    assert waker.claim_for("webhooks", calls.append) is False  # no loop serves it
+    assert calls == []
+    assert waker.sleep(0, 30) is True  # the busy loop claims again before sleeping
+    assert waker.take(0) is None
+
+
+def test_a_listener_claim_refused_on_a_sound_connection_leaves_the_claim_to_the_loop(db, db_url):
+    # A server that refuses writes (a demoted primary) refuses the listener's
+    # claim too: the loop is woken without an answer and claims itself, and
+    # the listener keeps its connection and goes on listening.
+    waker = Waker([("webhooks",)])
+    halt = threading.Event()
+    calls: list[tuple[str, ...]] = []
+
+    def claim(conn, lanes):
+        calls.append(lanes)
+        mode = "READ ONLY" if len(calls) == 1 else "READ WRITE"
+        conn.execute(f"SET SESSION CHARACTERISTICS AS TRANSACTION {mode}")
+        return queue.claim_or_next_due(conn, "w-test", 300.0, lanes)
+
+    listener = Listener(db_url, waker, halt, "t", claim=claim)
+    listener.start()
+    try:
+        assert listener.connected.wait(30)
+        for key, expect_job in (("hook:refused", False), ("hook:claimed", True)):
+            woken: list[bool] = []
+            sleeper = threading.Thread(target=lambda: woken.append(waker.sleep(0, 30)))
+            sleeper.start()
+            wait_until(lambda: waker._idle == [0], timeout=10, what="the loop asleep")
+            queue.enqueue(db, "test.noop", key, lane="webhooks")
+            sleeper.join(WELL_UNDER)
+            assert woken == [True]
+            answer = waker.take(0)
+            if expect_job:
+                assert answer[0].dedupe_key == key
+            else:
+                assert answer is None  # nothing claimed for it: it claims itself
+                assert queue.claim(db, "w-loop", 300.0, ["webhooks"]).dedupe_key == key
+        assert len(calls) == 2 and listener.connections == 1
+    finally:
+        waker.stop()
+        halt.set()

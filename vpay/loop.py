@@ -45,7 +45,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from . import fairness, handlers, lanes, logs, metrics, queue
+from . import fairness, handlers, lanes, logs, metrics, queue, vacuum
 from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
 from .sdnotify import Notifier, watchdog_interval
 from .signals import Drain, ShutdownSignals
@@ -79,6 +79,9 @@ class WorkerConfig:
     lane_concurrency: dict[str, int] = field(default_factory=dict)
     passive: tuple[str, ...] = ()
     listen: bool = True
+    jobs_vacuum_every: int = vacuum.VACUUM_EVERY
+    """Finished jobs between two vacuums of ``jobs`` by this process
+    (``VPAY_JOBS_VACUUM_EVERY``; 0: none, autovacuum alone; vpay/vacuum.py)."""
 
     def loops(self) -> list[tuple[str, ...]]:
         """The lanes each claim loop serves (``lanes.split``)."""
@@ -161,6 +164,10 @@ class Worker:
         self.waker = Waker(self.loops)
         self.fairness = fairness.Rebalancer()
         self.listener: Listener | None = None
+        self.jobs_vacuum: vacuum.JobsVacuum | None = None
+        if config.jobs_vacuum_every > 0:
+            self.jobs_vacuum = vacuum.JobsVacuum(pool.conninfo, config.jobs_vacuum_every,
+                                                 self._halt, config.worker_id)
         self._beats: list[float] = [time.monotonic()] * config.concurrency
 
     # ---- the claim loop -------------------------------------------------
@@ -174,17 +181,23 @@ class Worker:
         while not self._stopping.is_set() and not self.signals.stop.is_set():
             self._beats[slot] = time.monotonic()
             if job is None:
-                try:
-                    with self.pool.connection() as conn:
-                        job, next_due = queue.claim_or_next_due(conn, self.config.worker_id,
-                                                                self.config.lease, served)
-                except psycopg.Error as exc:  # any database error: back off, never end the loop
-                    log.warning("claim failed; database unavailable",
-                                extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
-                    self._stopping.wait(backoff)
-                    backoff = min(backoff * 2, 10.0)
-                    continue
-                backoff = 0.5
+                answer = self.waker.take(slot)
+                if answer is not None:
+                    # Woken by the listener, which claimed for this loop
+                    # (Waker.claim_for): its answer stands for our own claim.
+                    job, next_due = answer
+                else:
+                    try:
+                        with self.pool.connection() as conn:
+                            job, next_due = queue.claim_or_next_due(conn, self.config.worker_id,
+                                                                    self.config.lease, served)
+                    except psycopg.Error as exc:  # any database error: back off, never end the loop
+                        log.warning("claim failed; database unavailable",
+                                    extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
+                        self._stopping.wait(backoff)
+                        backoff = min(backoff * 2, 10.0)
+                        continue
+                    backoff = 0.5
                 if job is None:
                     # Until woken (a job of our lanes committed), the next job
                     # of our lanes is due, or the jittered idle sleep ends.
@@ -199,10 +212,20 @@ class Worker:
                 self._rebalance(job.lane)
             job = self._serve(job, served)
             self._beats[slot] = time.monotonic()
+        answer = self.waker.take(slot)
+        if job is None and answer is not None:
+            job = answer[0]  # the listener claimed for this loop as the drain began
         if job is not None:
             # Claimed with the last finish as the drain began: hand it back
             # now rather than hold it until its lease runs out.
             self._release([job.lease_token])
+
+    def _listener_claim(self, conn: psycopg.Connection,
+                        lanes: tuple[str, ...]) -> tuple[queue.Job | None, float | None]:
+        """The claim the listener makes, on its own connection, for the idle
+        loop serving ``lanes`` it is about to wake (``Waker.claim_for``):
+        ``(job, next_due_in)`` exactly as that loop's own claim would answer."""
+        return queue.claim_or_next_due(conn, self.config.worker_id, self.config.lease, lanes)
 
     def _serve(self, job: queue.Job, served: tuple[str, ...]) -> queue.Job | None:
         """Run ``job`` and record its outcome; answers the next job of
@@ -276,6 +299,8 @@ class Worker:
             metrics.job_finished(job, outcome, None, elapsed)
             return None
         metrics.job_finished(job, outcome, kept, elapsed)
+        if kept and self.jobs_vacuum is not None:
+            self.jobs_vacuum.finished()
         if not kept:
             self.gauge.add(job.lane, lost=1)
             log.warning("lease lost: the outcome was discarded", extra=self._job_extra(
@@ -387,7 +412,8 @@ class Worker:
         top-level keys (``claimed`` ... ``reaped``, ``due``, ``leased``,
         ``dead``), and ``lanes``: the same per lane, plus ``loops`` (this
         worker's loops serving that lane). Depths are -1 when the database
-        cannot be read. Answers the line's fields."""
+        cannot be read. With the worker's own vacuum on, ``jobs_vacuum``:
+        ``vacuum.JobsVacuum.snapshot()``. Answers the line's fields."""
         counts: dict = self.gauge.snapshot()
         per_lane = self.gauge.lane_snapshot()
         unknown = {"due": -1, "leased": -1, "dead": -1}
@@ -404,6 +430,8 @@ class Worker:
         status = " ".join(f"{k}={v}" for k, v in counts.items())
         status += " due_by_lane=" + ",".join(f"{lane}:{row['due']}" for lane, row in per_lane.items())
         counts["lanes"] = per_lane
+        if self.jobs_vacuum is not None:
+            counts["jobs_vacuum"] = self.jobs_vacuum.snapshot()
         log.info("gauge", extra={"worker_id": self.config.worker_id, "final": final, **counts,
                                  "rail_paused_until": self.ctx.rail_pauses()})
         self.notifier.status(status)
@@ -437,7 +465,8 @@ class Worker:
         split = lanes.describe(self.loops)
         log.info("worker started", extra={"worker_id": cfg.worker_id, "concurrency": cfg.concurrency,
                                           "queues": list(cfg.queues), "loops": split,
-                                          "lease_seconds": cfg.lease, "reaped_at_boot": reaped})
+                                          "lease_seconds": cfg.lease, "reaped_at_boot": reaped,
+                                          "jobs_vacuum_every": cfg.jobs_vacuum_every})
         # A rail lane riding along for want of its rail calls nobody: not a risk.
         shared = ["+".join(g) for g in dict.fromkeys(self.loops)
                   if len([lane for lane in g if lane not in cfg.passive]) > 1]
@@ -459,8 +488,11 @@ class Worker:
                                             name="watchdog", daemon=True))
         if cfg.listen:
             # Its own session-level connection, never one of the pool's (wake.py).
-            self.listener = Listener(self.pool.conninfo, self.waker, self._halt, cfg.worker_id)
+            self.listener = Listener(self.pool.conninfo, self.waker, self._halt, cfg.worker_id,
+                                     claim=self._listener_claim)
             helpers.append(self.listener)
+        if self.jobs_vacuum is not None:
+            helpers.append(self.jobs_vacuum)
         for t in helpers:
             t.start()
         executor = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="claim")
@@ -494,6 +526,8 @@ class Worker:
             log.error("claim loop crashed", extra={"worker_id": cfg.worker_id,
                                                    "error": repr(f.exception())})
         self._halt.set()
+        if self.jobs_vacuum is not None:
+            self.jobs_vacuum.stop()
         if not pending:
             executor.shutdown(wait=True)
             self.gauge_line(final=True)

@@ -82,6 +82,10 @@ LEASES_REAPED = Counter(
 WEBHOOK_ATTEMPTS = Counter(
     "vpay_webhook_attempts", "Webhook delivery attempts, by result (delivered, retry, gone, "
     "give_up; held: the URL policy refused the endpoint's URL).", ["result"], registry=REGISTRY)
+JOBS_VACUUMS = Counter(
+    "vpay_jobs_vacuums", "Vacuums of the jobs table this worker ran (vpay/vacuum.py), by result: "
+    "done, skipped (jobs was being vacuumed by someone else), error (the timeout, a database "
+    "error, a role that may not vacuum jobs).", ["result"], registry=REGISTRY)
 API_REQUESTS = Counter(
     "vpay_api_requests", "HTTP requests the API answered, by method, route template and "
     "status code.", ["method", "route", "status"], registry=REGISTRY)
@@ -143,6 +147,12 @@ def leases(lost: int = 0, reaped: int = 0, **_other: int) -> None:
         LEASES_LOST.inc(lost)
     if reaped:
         LEASES_REAPED.inc(reaped)
+
+
+def jobs_vacuumed(result: str) -> None:
+    """Count one vacuum of ``jobs`` by the worker (``vpay.vacuum``):
+    ``done``, ``skipped`` or ``error``."""
+    JOBS_VACUUMS.labels(result).inc()
 
 
 def webhook_attempt(result: str) -> None:

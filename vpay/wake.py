@@ -22,6 +22,15 @@ Design: shared/design/rails.md, "Waking on commit"; issue #15. The shape:
   idle loop is woken at most once, and loops busy with that lane are left
   alone (they claim again as they finish). A notification never wakes a
   loop that does not serve its lane.
+* The listener makes the woken loop's first claim itself, on its own
+  connection, before waking it (``Waker.claim_for``; the worker passes the
+  claim), and the loop starts from that answer: a job to run, or the seconds
+  until its lanes' next job is due. On the wake path that is one thread and
+  one connection fewer than the loop claiming for itself: no handover to a
+  second thread before the claim, no pool checkout, and no liveness check of
+  a pooled connection that sat idle (issue #15: commit-to-claim p99 at the
+  default flags; docs/performance.md). The claim is the same statement with
+  the same worker id and lease, so nothing downstream can tell who made it.
 * The idle sleep stays as the fallback (a listener reconnecting misses what
   is sent meanwhile), jittered so that the loops do not sleep in step; and
   after the listener (re)connects, every idle loop claims once.
@@ -36,7 +45,7 @@ import logging
 import random
 import threading
 import time
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import psycopg
 
@@ -66,11 +75,14 @@ class Waker:
     loop ``slot`` serves. Thread-safe; every method is O(loops)."""
 
     def __init__(self, groups: Sequence[Iterable[str]]):
-        self._groups = [frozenset(g) for g in groups]
+        self._lanes = [tuple(g) for g in groups]
+        self._groups = [frozenset(g) for g in self._lanes]
         self._events = [threading.Event() for _ in self._groups]
         self._idle: list[int] = []        # idle slots, longest idle first
         self._pending: set[str] = set()   # lanes notified while none of their loops was idle
-        self._lock = threading.Lock()
+        self._claiming: set[int] = set()  # slots the listener is claiming for (claim_for)
+        self._answers: dict[int, Any] = {}  # slot -> what the listener claimed for it
+        self._lock = threading.Condition()
         self.wakeups = [0] * len(self._groups)  # per slot, for tests and the gauge
 
     def _wake_one(self, lane: str | None, exclude: int | None = None) -> bool:
@@ -88,6 +100,42 @@ class Waker:
         with self._lock:
             if not self._wake_one(lane) and any(lane in g for g in self._groups):
                 self._pending.add(lane)
+
+    def claim_for(self, lane: str, claim: Callable[[tuple[str, ...]], Any]) -> bool:
+        """A job of ``lane`` became due: take the idle loop ``notify`` would
+        wake out of the idle list, run ``claim(the lanes it serves)`` on the
+        calling thread (the listener's), and wake the loop with the answer,
+        which it ``take``s instead of claiming itself. Answers whether a loop
+        was found; when none was, the lane is kept pending, as ``notify``
+        does. When ``claim`` raises, the loop is woken with no answer (it
+        claims for itself) and the exception propagates. A loop whose sleep
+        ends meanwhile (its timeout, the drain) waits for this answer."""
+        with self._lock:
+            slot = next((s for s in self._idle if lane in self._groups[s]), None)
+            if slot is None:
+                if any(lane in g for g in self._groups):
+                    self._pending.add(lane)
+                return False
+            self._idle.remove(slot)
+            self._claiming.add(slot)
+        answer = None
+        try:
+            answer = claim(self._lanes[slot])
+        finally:
+            with self._lock:
+                self._claiming.discard(slot)
+                if answer is not None:
+                    self._answers[slot] = answer
+                self.wakeups[slot] += 1
+                self._events[slot].set()
+                self._lock.notify_all()
+        return True
+
+    def take(self, slot: int) -> Any:
+        """What the listener claimed for loop ``slot`` as it woke it
+        (``claim_for``), once; ``None`` when it claimed nothing for it."""
+        with self._lock:
+            return self._answers.pop(slot, None)
 
     def spread(self, slot: int) -> None:
         """Loop ``slot`` claimed a job: wake one idle loop sharing a lane
@@ -107,7 +155,8 @@ class Waker:
     def sleep(self, slot: int, timeout: float, stop: threading.Event | None = None) -> bool:
         """Loop ``slot`` found nothing: sleep up to ``timeout`` seconds or
         until woken (or ``stop`` is set). Answers at once, ``True``, when one
-        of its lanes is pending (a notification it might have missed)."""
+        of its lanes is pending (a notification it might have missed). After
+        it, ``take(slot)`` says whether the listener claimed for it."""
         with self._lock:
             mine = self._pending & self._groups[slot]
             if mine:
@@ -120,6 +169,12 @@ class Waker:
         with self._lock:
             if slot in self._idle:
                 self._idle.remove(slot)
+            # Taken out of the idle list by the listener, which is claiming
+            # for this loop right now: its answer is the loop's next job,
+            # whatever woke the loop (its timeout, the drain).
+            while slot in self._claiming:
+                self._lock.wait()
+                woken = True
         return woken
 
     def stop(self) -> None:
@@ -135,13 +190,17 @@ class Listener(threading.Thread):
     """``LISTEN vpay_jobs`` on a connection of its own, handing lanes to
     ``waker``; reconnects with backoff (0.5 s doubling to 10 s) for as long
     as the worker runs, and after each (re)connection wakes every idle loop
-    once. ``connected`` is set while listening; ``connections`` counts
-    successful connects (tests)."""
+    once. With ``claim(conn, lanes)`` (the worker's), each notification is
+    ``Waker.claim_for``: the listener claims on ``conn`` for the loop it
+    wakes; without, ``Waker.notify``. ``connected`` is set while listening;
+    ``connections`` counts successful connects (tests)."""
 
-    def __init__(self, url: str, waker: Waker, halt: threading.Event, worker_id: str = ""):
+    def __init__(self, url: str, waker: Waker, halt: threading.Event, worker_id: str = "",
+                 claim: Callable[[psycopg.Connection, tuple[str, ...]], Any] | None = None):
         super().__init__(name="listener", daemon=True)
         self.url = url
         self.waker = waker
+        self.claim = claim
         self.halt = halt
         self.worker_id = worker_id
         self.connected = threading.Event()
@@ -188,14 +247,28 @@ class Listener(threading.Thread):
             if self.connections > 1:
                 log.info("listener reconnected", extra={"worker_id": self.worker_id})
             self.waker.wake_all()  # claim once before waiting: we may have missed some
-            quiet = 0.0
+            heard = time.monotonic()
             while not self.halt.is_set():
-                got = False
-                for note in conn.notifies(timeout=1.0):
-                    got = True
-                    self.waker.notify(note.payload)
-                quiet = 0.0 if got else quiet + 1.0
-                if quiet >= PING_EVERY:
+                # Back from the first batch, so a claim runs at once (not
+                # inside the generator, which holds the connection; what
+                # arrives meanwhile is kept by psycopg for the next call).
+                notes = list(conn.notifies(timeout=1.0, stop_after=1))
+                for note in notes:
+                    if self.claim is None:
+                        self.waker.notify(note.payload)
+                        continue
+                    try:
+                        self.waker.claim_for(note.payload, lambda lanes: self.claim(conn, lanes))
+                    except psycopg.Error as exc:
+                        if conn.broken or conn.closed:
+                            raise  # reconnect; the loop it was for claims itself
+                        # The connection is fine (a read-only server, a
+                        # statement error): the woken loop claims itself.
+                        log.info("listener's claim failed; the loop claims itself",
+                                 extra={"worker_id": self.worker_id, "error": str(exc)[:300]})
+                if notes:
+                    heard = time.monotonic()
+                elif time.monotonic() - heard >= PING_EVERY:
                     conn.execute("SELECT 1")
-                    quiet = 0.0
+                    heard = time.monotonic()
         self.connected.clear()

@@ -89,10 +89,12 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     from ..rails import configured_rails
     from ..rails.port import RailError
     from ..webhooks import timeouts
+    from ..vacuum import every_from_env
     try:
         settings = Settings.from_env()
         timeouts()
         rails = configured_rails()
+        jobs_vacuum_every = every_from_env()
     except (ConfigError, RailError) as exc:
         refuse(str(exc))
     if not rails:
@@ -115,7 +117,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     config = WorkerConfig(worker_id=wid, concurrency=worker_concurrency,
                           shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,
                           idle_sleep=idle_sleep, queues=served, lane_concurrency=overrides,
-                          passive=tuple(r for r in lanes.RAIL_LANES if r not in rails))
+                          passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
+                          jobs_vacuum_every=jobs_vacuum_every)
     from ..handlers import ensure_scheduled
     with pool.connection() as conn:
         ensure_scheduled(conn)
