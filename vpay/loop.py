@@ -129,6 +129,25 @@ class Gauge:
             return {lane: dict(row) for lane, row in self.per_lane.items()}
 
 
+SKIPPED_RETRY_SECONDS = 0.05
+"""How soon a loop claims again after a claim that found nothing while a due
+job of its lanes exists (``next_due_in`` <= 0): another statement held that
+job's row (a sibling's claim, a lane rebalance placing it) for a moment.
+Short: nothing wakes the loop when such a lock is let go."""
+
+
+def idle_timeout(idle_sleep: float, next_due: float | None) -> float:
+    """Seconds a claim loop sleeps (unless woken) after a claim that found
+    nothing. ``next_due``: the claim's ``next_due_in``, seconds until the next
+    job of its lanes is due (``None``: none scheduled). A jittered
+    ``idle_sleep`` at most; until the next job is due when that is sooner; and
+    ``SKIPPED_RETRY_SECONDS`` when a job is already due but was locked."""
+    timeout = jittered(idle_sleep)
+    if next_due is not None:
+        timeout = min(timeout, max(next_due, SKIPPED_RETRY_SECONDS))
+    return timeout
+
+
 def failure_backoff(failures: int) -> float:
     """Seconds before a job whose handler raised runs again: 5 s doubling per
     consecutive failure, capped at 10 min, with ±20 % jitter."""
@@ -201,10 +220,7 @@ class Worker:
                 if job is None:
                     # Until woken (a job of our lanes committed), the next job
                     # of our lanes is due, or the jittered idle sleep ends.
-                    timeout = jittered(self.config.idle_sleep)
-                    if next_due is not None and next_due > 0:
-                        timeout = min(timeout, next_due)
-                    self.waker.sleep(slot, timeout)
+                    self.waker.sleep(slot, idle_timeout(self.config.idle_sleep, next_due))
                     continue
             # There may be more where this came from: one idle sibling claims too.
             self.waker.spread(slot)
