@@ -22,8 +22,9 @@ What runs (all on 127.0.0.1, real processes for vpay):
 * ``vpay-server api`` (defaults: 2 workers x 4 threads) whose MoMo rail hangs
   (accepts, never answers), with 8 threads each creating a payment through
   it every second (8 concurrent creates at any time) for the first
-  ``--api-seconds``, and a prober reading ``GET /healthz`` 5 times a second
-  meanwhile. Their payments reach the worker's (healthy) MoMo stub through
+  ``--api-seconds``, and a prober reading ``GET /healthz`` every
+  ``--probe-interval`` (0.05 s: about 20 a second, so the p99 is not just
+  the single slowest probe) meanwhile. Their payments reach the worker's (healthy) MoMo stub through
   the resubmit path.
 
 Measured: poll lateness of ``c-calm``'s polls (the database's ``locked_at``
@@ -134,6 +135,8 @@ def main() -> None:
     ap.add_argument("--api-seconds", type=float, default=20.0,
                     help="how long the 8 API creators run against the hung rail (from the start)")
     ap.add_argument("--worker-concurrency", type=int, default=4, help="the worker's claim loops")
+    ap.add_argument("--probe-interval", type=float, default=0.05,
+                    help="seconds between two /healthz probes (one prober: a probe waits for the last)")
     args = ap.parse_args()
 
     from vpay import merchants, webhooks
@@ -202,7 +205,7 @@ def main() -> None:
                     health.append(time.monotonic() - started)
                 except requests.RequestException:
                     health.append(10.0)
-                api_stop.wait(0.2)
+                api_stop.wait(args.probe_interval)
 
         threading.Timer(args.api_seconds, api_stop.set).start()
         threads = [threading.Thread(target=create_forever, daemon=True) for _ in range(8)]
@@ -265,7 +268,10 @@ def main() -> None:
         "poll_lateness_seconds": {"p50": round(_pct(lateness, 50), 3), "p99": round(_pct(lateness, 99), 3),
                                   "max": round(max(lateness), 3) if lateness else None},
         "healthz_seconds": {"samples": len(health), "p50": round(_pct(health, 50), 4),
-                            "p99": round(_pct(health, 99), 4), "max": round(max(health), 4) if health else None},
+                            "p99": round(_pct(health, 99), 4), "max": round(max(health), 4) if health else None,
+                            # (probe number, seconds) of the slowest three: is the worst the first?
+                            "slowest": sorted(((i, round(h, 4)) for i, h in enumerate(health)),
+                                              key=lambda ih: -ih[1])[:3]},
         "api_creates": {"answered_201": creates.count(201), "other": len(creates) - creates.count(201)},
         "involved_merchants_polls_p99": {m: {"polls": n, "p99": round(p, 3)} for m, (n, p) in others.items()},
         "hanging_endpoint_connections": hanging_posts, "deliveries_pending_to_hanging": pending_to_hanging,

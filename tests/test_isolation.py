@@ -297,3 +297,20 @@ def test_bad_deadline_and_pause_settings_are_refused_at_boot_with_78(db_url, com
     res = subprocess.run([script(command[0]), *command[1:]], env=base_env(db_url, **_RAIL, **{name: value}),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
+
+
+def test_each_api_worker_opens_its_database_connection_before_the_first_request(db, db_url, spawn, stub):
+    # A load balancer's first /healthz must not pay for a new connection
+    # (bench/isolation.py: the first probe was the slowest). Nothing is asked
+    # of the API here: the connections appear on their own.
+    port = free_port()
+    api = spawn("vpay-server", "api", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "2",
+                env=base_env(db_url, **stub.env()))
+
+    def api_connections():
+        assert api.popen.poll() is None, api.text()[-3000:]
+        return db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                          "AND application_name = 'vpay-api'").fetchone()[0]
+    wait_until(lambda: api_connections() == 2, timeout=30, what="one standing connection per API worker")
+    assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    assert api_connections() == 2  # the probe used a standing connection

@@ -47,7 +47,7 @@ def test_claim_can_use_the_partial_index(db):
     db.execute("SET enable_seqscan = off")
     plan = "\n".join(r[0] for r in db.execute(
         "EXPLAIN SELECT id FROM jobs WHERE locked_at IS NULL AND run_at <> 'infinity' "
-        "AND run_at <= now() ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED"))
+        "AND share_round = 0 AND run_at <= now() ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED"))
     assert "jobs_claimable" in plan
 
 

@@ -149,7 +149,7 @@ def check_if_idle(conn: psycopg.Connection) -> None:
 
 
 def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
-              name: str = "vpay", timeout: float | None = None) -> ConnectionPool:
+              name: str = "vpay", timeout: float | None = None, wait: bool = True) -> ConnectionPool:
     """An open pool of autocommit connections. A connection idle
     ``CHECK_IDLE_SECONDS`` or more is checked on checkout and replaced when
     broken; a broken one comes back from its failed statement and is
@@ -157,6 +157,9 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
 
     Raises ``psycopg_pool.PoolTimeout`` when no connection can be made within
     ``timeout`` seconds (default ``VPAY_DATABASE_OPEN_TIMEOUT_SECONDS``, 30).
+    ``wait=False`` returns at once and lets the pool's own thread open its
+    ``min_size`` connections (and keep retrying while the database is away):
+    nothing raises here, a checkout waits or times out instead.
     """
     if timeout is None:
         timeout = open_timeout()
@@ -166,14 +169,15 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
         max_size=max_size,
         name=name,
         open=False,
-        kwargs={"autocommit": True},
+        # application_name: pg_stat_activity shows whose connections these are
+        kwargs={"autocommit": True, "application_name": name},
         check=check_if_idle,
         # Bounded, so the pool's back-off restarts within seconds after a long
         # outage (unbounded, it doubles for ever: ~30 s late after 90 s down);
         # a connection that gives up is replaced on the next checkout.
         reconnect_timeout=10.0,
     )
-    pool.open(wait=True, timeout=timeout)
+    pool.open(wait=wait, timeout=timeout)
     return pool
 
 

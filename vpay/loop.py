@@ -45,7 +45,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from . import handlers, lanes, logs, metrics, queue, vacuum
+from . import fairness, handlers, lanes, logs, metrics, queue, vacuum
 from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
 from .sdnotify import Notifier, watchdog_interval
 from .signals import Drain, ShutdownSignals
@@ -129,6 +129,25 @@ class Gauge:
             return {lane: dict(row) for lane, row in self.per_lane.items()}
 
 
+SKIPPED_RETRY_SECONDS = 0.05
+"""How soon a loop claims again after a claim that found nothing while a due
+job of its lanes exists (``next_due_in`` <= 0): another statement held that
+job's row (a sibling's claim, a lane rebalance placing it) for a moment.
+Short: nothing wakes the loop when such a lock is let go."""
+
+
+def idle_timeout(idle_sleep: float, next_due: float | None) -> float:
+    """Seconds a claim loop sleeps (unless woken) after a claim that found
+    nothing. ``next_due``: the claim's ``next_due_in``, seconds until the next
+    job of its lanes is due (``None``: none scheduled). A jittered
+    ``idle_sleep`` at most; until the next job is due when that is sooner; and
+    ``SKIPPED_RETRY_SECONDS`` when a job is already due but was locked."""
+    timeout = jittered(idle_sleep)
+    if next_due is not None:
+        timeout = min(timeout, max(next_due, SKIPPED_RETRY_SECONDS))
+    return timeout
+
+
 def failure_backoff(failures: int) -> float:
     """Seconds before a job whose handler raised runs again: 5 s doubling per
     consecutive failure, capped at 10 min, with ±20 % jitter."""
@@ -162,6 +181,7 @@ class Worker:
         self._inflight_lock = threading.Lock()
         self.loops = config.loops()  # lanes.LaneError on a split that does not fit
         self.waker = Waker(self.loops)
+        self.fairness = fairness.Rebalancer()
         self.listener: Listener | None = None
         self.jobs_vacuum: vacuum.JobsVacuum | None = None
         if config.jobs_vacuum_every > 0:
@@ -200,13 +220,12 @@ class Worker:
                 if job is None:
                     # Until woken (a job of our lanes committed), the next job
                     # of our lanes is due, or the jittered idle sleep ends.
-                    timeout = jittered(self.config.idle_sleep)
-                    if next_due is not None and next_due > 0:
-                        timeout = min(timeout, next_due)
-                    self.waker.sleep(slot, timeout)
+                    self.waker.sleep(slot, idle_timeout(self.config.idle_sleep, next_due))
                     continue
             # There may be more where this came from: one idle sibling claims too.
             self.waker.spread(slot)
+            if self.fairness.take_turn(job.lane, job.late_by):
+                self._rebalance(job.lane)
             job = self._serve(job, served)
             self._beats[slot] = time.monotonic()
         answer = self.waker.take(slot)
@@ -238,6 +257,23 @@ class Worker:
         finally:
             with self._inflight_lock:
                 self._inflight.pop(job.lease_token, None)
+
+    def _rebalance(self, lane: str) -> None:
+        # The lane is behind: queue each merchant's excess in rounds behind
+        # everyone's share (vpay.fairness). Best effort: an error costs
+        # fairness for one pass, never the job already claimed.
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                placed, aged = self.fairness.rebalance(conn, lane)
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning("lane rebalance failed", extra={"worker_id": self.config.worker_id,
+                                                        "lane": lane, "error": str(exc)[:300]})
+            return
+        metrics.lane_rebalanced(lane, placed)
+        if placed or aged:
+            log.info("lane behind: rebalanced", extra={"worker_id": self.config.worker_id,
+                                                        "lane": lane, "placed_in_rounds": placed,
+                                                        "aged_to_round_0": aged})
 
     def _release(self, tokens: list[uuid.UUID]) -> int:
         try:

@@ -93,6 +93,11 @@ API_SECONDS = Histogram(
     "vpay_api_request_seconds", "Seconds the API took to answer a request.",
     ["method", "route"], buckets=_CALL_BUCKETS, registry=REGISTRY)
 
+OVER_SHARE = Counter(
+    "vpay_jobs_over_share", "Due jobs a lane rebalance placed in a round behind every "
+    "merchant's share (vpay.fairness): a merchant's backlog in a lane that fell behind.", ["lane"],
+    registry=REGISTRY)
+
 POLL_KINDS = frozenset({"poll", "refund_poll"})
 """Job kinds whose work is a status read: their lateness is observed."""
 
@@ -101,14 +106,18 @@ POLL_KINDS = frozenset({"poll", "refund_poll"})
 
 
 def job_claimed(job: Any) -> None:
-    """A job was claimed: for a status read, observe its lateness, this
-    process's clock at claim minus ``job.run_at`` (seconds, at least 0).
-
-    The worker's clock, not the database's: the claim does not return
-    ``now()``; with both on NTP the skew is milliseconds, far below the
-    alert's 5 s threshold (docs/observability.md)."""
+    """A job was claimed: for a status read, observe its lateness, the
+    claim's ``now()`` minus ``job.run_at`` (``job.late_by``, seconds, at
+    least 0), both on the database's clock."""
     if job.kind in POLL_KINDS:
-        POLL_LATENESS.labels(job.lane).observe(max(0.0, time.time() - job.run_at.timestamp()))
+        POLL_LATENESS.labels(job.lane).observe(max(0.0, job.late_by))
+
+
+def lane_rebalanced(lane: str, placed: int) -> None:
+    """Count the jobs one rebalance of ``lane`` placed in a round beyond
+    their merchant's share."""
+    if placed:
+        OVER_SHARE.labels(lane).inc(placed)
 
 
 def outcome_label(outcome: Any, kept: bool | None) -> str:

@@ -56,6 +56,9 @@ class Job:
     lane: str = _lanes.DEFAULT_LANE
     """The lane the job was claimed from (``jobs.lane``); the default only
     serves a ``Job`` built by hand (tests)."""
+    late_by: float = 0.0
+    """Seconds from ``run_at`` to the claim, on the database's clock
+    (negative never: only due jobs are claimed). Zero for a hand-built job."""
 
 
 def enqueue(conn: psycopg.Connection, kind: str, dedupe_key: str,
@@ -88,8 +91,10 @@ def claim(conn: psycopg.Connection, worker: str, lease: float = 300.0,
           lanes: Iterable[str] | None = None) -> Job | None:
     """Lease the oldest due job of ``lanes`` (default: every lane) for
     ``worker`` for ``lease`` seconds (the row's ``lease_expires_at``), or
-    ``None`` when nothing is due there. One lane uses ``claim_lane`` (an
-    ordered scan of ``jobs_claimable_lane``); several use ``claim_lanes``."""
+    ``None`` when nothing is due there. A job within its merchant's share
+    comes before any over-share one (``vpay.fairness``). One lane uses
+    ``claim_lane`` (ordered scans of ``jobs_claimable_lane`` and
+    ``jobs_over_share``); several use ``claim_lanes``."""
     return claim_or_next_due(conn, worker, lease, lanes)[0]
 
 

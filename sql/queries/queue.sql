@@ -16,68 +16,89 @@ SELECT coalesce((SELECT rail FROM charges WHERE id = %(charge_id)s),
                 (SELECT rail FROM refunds WHERE id = %(refund_id)s)) AS rail;
 
 -- name: claim_lane
--- The oldest due job of one lane. Served by jobs_claimable_lane (lane,
--- run_at): an ordered index scan inside the lane that stops at the first row
--- SKIP LOCKED can take; no sort, other lanes' rows never read. Always one
--- row: the job's columns (all NULL when nothing is due) and next_due_in.
+-- The oldest due job of one lane that is within its merchant's share (round
+-- 0); when none is due, the oldest of the lowest round (rebalance_lane;
+-- sql/0015_fair_claims.sql). Each probe is an ordered index scan inside the
+-- lane (jobs_claimable_lane, then jobs_over_share) that stops at the first
+-- row SKIP LOCKED can take; no
+-- sort, other lanes' rows never read, and coalesce runs the second probe
+-- only when the first finds nothing. Always one row: the job's columns (all NULL when
+-- nothing is due), late_by (seconds past its run_at) and next_due_in.
 WITH claimed AS (
     UPDATE jobs
        SET attempts = attempts + 1,
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid()
-     WHERE id = (SELECT id
-                   FROM jobs
-                  WHERE lane = %(lane)s
-                    AND locked_at IS NULL
-                    AND run_at <> 'infinity'
-                    AND run_at <= now()
-                  ORDER BY run_at
-                  LIMIT 1
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+           lease_token = gen_random_uuid(),
+           share_round = 0
+     WHERE id = coalesce(
+                 (SELECT id FROM jobs
+                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round = 0 AND run_at <= now()
+                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+                 (SELECT id FROM jobs
+                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round > 0 AND run_at <= now()
+                   ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED))
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
+              extract(epoch FROM now() - run_at)::float8 AS late_by
 )
 SELECT claimed.*,
        -- only when nothing was claimed: seconds until the next job of these
        -- lanes is due (NULL: none scheduled), so the loop sleeps until then
        CASE WHEN claimed.id IS NULL THEN
-            (SELECT extract(epoch FROM min(run_at) - now())::float8
-               FROM jobs
-              WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity')
+            extract(epoch FROM least(
+                (SELECT min(run_at) FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round = 0),
+                -- placed rows are due: any one says so (another claim holds it)
+                (SELECT run_at FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round > 0 LIMIT 1)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
 -- name: claim_lanes
--- The oldest due job of several lanes (a loop that shares lanes: fewer
+-- The same fair choice across several lanes (a loop that shares lanes: fewer
 -- loops than lanes). jobs_claimable (run_at) walks due rows in order and
 -- filters on the lane; an ordered scan of (lane, run_at) cannot serve
--- lane = ANY(...) ORDER BY run_at. The same one row as claim_lane.
+-- lane = ANY(...) ORDER BY run_at. Placed rows (a backlog's excess) are
+-- sorted. The same one row as claim_lane.
 WITH claimed AS (
     UPDATE jobs
        SET attempts = attempts + 1,
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid()
-     WHERE id = (SELECT id
-                   FROM jobs
-                  WHERE lane = ANY(%(lanes)s)
-                    AND locked_at IS NULL
-                    AND run_at <> 'infinity'
-                    AND run_at <= now()
-                  ORDER BY run_at
-                  LIMIT 1
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+           lease_token = gen_random_uuid(),
+           share_round = 0
+     WHERE id = coalesce(
+                 (SELECT id FROM jobs
+                   WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round = 0 AND run_at <= now()
+                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+                 -- the head of each lane's placed rows (an ordered probe each), then
+                 -- the lowest of those: never a sort of a whole placed backlog
+                 (SELECT head.id
+                    FROM unnest(%(lanes)s::text[]) AS served(lane)
+                   CROSS JOIN LATERAL (
+                         SELECT id, share_round, run_at FROM jobs
+                          WHERE lane = served.lane AND locked_at IS NULL AND run_at <> 'infinity'
+                            AND share_round > 0 AND run_at <= now()
+                          ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
+                   ORDER BY head.share_round, head.run_at LIMIT 1))
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
+              extract(epoch FROM now() - run_at)::float8 AS late_by
 )
 SELECT claimed.*,
        -- only when nothing was claimed: seconds until the next job of these
        -- lanes is due (NULL: none scheduled), so the loop sleeps until then
        CASE WHEN claimed.id IS NULL THEN
-            (SELECT extract(epoch FROM min(run_at) - now())::float8
-               FROM jobs
-              WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity')
+            extract(epoch FROM least(
+                (SELECT min(run_at) FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round = 0),
+                -- placed rows are due: any one says so (another claim holds it)
+                (SELECT run_at FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round > 0 LIMIT 1)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -101,23 +122,28 @@ WITH finished AS (
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid()
-     WHERE id = (SELECT id
-                   FROM jobs
-                  WHERE lane = %(lane)s
-                    AND locked_at IS NULL
-                    AND run_at <> 'infinity'
-                    AND run_at <= now()
-                  ORDER BY run_at
-                  LIMIT 1
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+           lease_token = gen_random_uuid(),
+           share_round = 0
+     WHERE id = coalesce(
+                 (SELECT id FROM jobs
+                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round = 0 AND run_at <= now()
+                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+                 (SELECT id FROM jobs
+                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round > 0 AND run_at <= now()
+                   ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED))
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
+              extract(epoch FROM now() - run_at)::float8 AS late_by
 )
 SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
        CASE WHEN claimed.id IS NULL THEN
-            (SELECT extract(epoch FROM min(run_at) - now())::float8
-               FROM jobs
-              WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity')
+            extract(epoch FROM least(
+                (SELECT min(run_at) FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round = 0),
+                -- placed rows are due: any one says so (another claim holds it)
+                (SELECT run_at FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round > 0 LIMIT 1)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -136,23 +162,34 @@ WITH finished AS (
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid()
-     WHERE id = (SELECT id
-                   FROM jobs
-                  WHERE lane = ANY(%(lanes)s)
-                    AND locked_at IS NULL
-                    AND run_at <> 'infinity'
-                    AND run_at <= now()
-                  ORDER BY run_at
-                  LIMIT 1
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at
+           lease_token = gen_random_uuid(),
+           share_round = 0
+     WHERE id = coalesce(
+                 (SELECT id FROM jobs
+                   WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity'
+                     AND share_round = 0 AND run_at <= now()
+                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+                 -- the head of each lane's placed rows (an ordered probe each), then
+                 -- the lowest of those: never a sort of a whole placed backlog
+                 (SELECT head.id
+                    FROM unnest(%(lanes)s::text[]) AS served(lane)
+                   CROSS JOIN LATERAL (
+                         SELECT id, share_round, run_at FROM jobs
+                          WHERE lane = served.lane AND locked_at IS NULL AND run_at <> 'infinity'
+                            AND share_round > 0 AND run_at <= now()
+                          ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
+                   ORDER BY head.share_round, head.run_at LIMIT 1))
+    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
+              extract(epoch FROM now() - run_at)::float8 AS late_by
 )
 SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
        CASE WHEN claimed.id IS NULL THEN
-            (SELECT extract(epoch FROM min(run_at) - now())::float8
-               FROM jobs
-              WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity')
+            extract(epoch FROM least(
+                (SELECT min(run_at) FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round = 0),
+                -- placed rows are due: any one says so (another claim holds it)
+                (SELECT run_at FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
+                    AND run_at <> 'infinity' AND share_round > 0 LIMIT 1)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -163,7 +200,7 @@ UPDATE jobs
    SET run_at = now() + make_interval(secs => %(delay)s),
        attempts = CASE WHEN %(spent)s THEN attempts ELSE greatest(attempts - 1, 0) END,
        locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
-       failures = 0,
+       failures = 0, share_round = 0,
        last_error = %(note)s
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
 RETURNING id;
@@ -173,7 +210,7 @@ RETURNING id;
 UPDATE jobs
    SET run_at = now() + make_interval(secs => %(delay)s),
        locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
-       failures = failures + 1,
+       failures = failures + 1, share_round = 0,
        last_error = %(error)s
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
 RETURNING id;
@@ -183,6 +220,7 @@ WITH parked AS (
     UPDATE jobs
        SET run_at = 'infinity',
            locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
+           share_round = 0,
            last_error = %(reason)s
      WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
     RETURNING id, kind, dedupe_key, payload, attempts, last_error
@@ -209,7 +247,8 @@ RETURNING id;
 -- Drain timed out: hand back the leases this process still holds, due now,
 -- so another worker claims them at once instead of after the lease.
 UPDATE jobs
-   SET locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL
+   SET locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
+       share_round = 0
  WHERE locked_by = %(worker)s AND lease_token = ANY(%(tokens)s)
 RETURNING id;
 
@@ -222,7 +261,7 @@ RETURNING id;
 WITH reaped AS (
     UPDATE jobs
        SET locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
-           failures = failures + 1,
+           failures = failures + 1, share_round = 0,
            run_at = CASE WHEN failures + 1 >= %(max_failures)s THEN 'infinity'::timestamptz
                          ELSE now() END,
            last_error = CASE WHEN failures + 1 >= %(max_failures)s
@@ -244,6 +283,80 @@ WITH reaped AS (
      WHERE reaped.run_at = 'infinity'
 )
 SELECT id, kind, lane, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
+
+-- name: rebalance_lane
+-- Fair queueing inside a lane (vpay/fairness.py; sql/0015_fair_claims.sql).
+-- Reads the lane's due, unclaimed backlog once and places each job that is
+-- not yet placed (share_round 0) into a round:
+--   * a merchant with no backlog yet keeps its oldest jobs in round 0 (within
+--     its share: claimed first, by age), %(share)s less those of its jobs the
+--     lane is running now; its others start at the round being served;
+--   * a merchant with a backlog keeps %(share)s in round 0 (an aged job among
+--     them: see below) and queues the others behind its last round.
+-- Claims serve round 0 first, then round by round, by age inside a round: a
+-- merchant new to the queue waits for one job per round of each backlogged
+-- merchant, never for a whole burst. Round 0 could keep the rounds waiting
+-- for ever while one-job merchants keep arriving faster than the lane reads
+-- (overload), so the lowest round, once its oldest job is %(age)s seconds past
+-- due, goes back to round 0 (aged): each pass serves every backlog at least
+-- one more job. Placed jobs otherwise keep their round until claimed (every
+-- write that ends a lease sets it back to 0), so a job is written at most
+-- once per time it is due.
+-- Only jobs still due and unclaimed, in the round this pass read, are written
+-- (a job claimed and rescheduled while the pass ran, or placed by another
+-- worker's pass, is left alone); rows are locked with SKIP LOCKED, so a claim
+-- in flight is never waited for. Answers one row per job written, with its
+-- new round (0: aged).
+WITH due AS (
+    SELECT id, fair_key, run_at, share_round FROM jobs
+     WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+       AND share_round = 0 AND run_at <= now() AND fair_key IS NOT NULL
+    UNION ALL
+    SELECT id, fair_key, run_at, share_round FROM jobs
+     WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
+       AND share_round > 0 AND run_at <= now() AND fair_key IS NOT NULL
+), backlog AS (
+    SELECT fair_key, max(share_round) AS last_round FROM due GROUP BY fair_key
+), running AS (
+    -- jobs being worked on use their merchant's share too
+    SELECT fair_key, count(*) AS n FROM jobs
+     WHERE locked_at IS NOT NULL AND lane = %(lane)s AND fair_key IS NOT NULL
+     GROUP BY fair_key
+), serving AS (
+    SELECT min(share_round) FILTER (WHERE share_round > 0) AS next_round FROM due
+), aged AS (
+    SELECT d.id, d.share_round AS seen, 0 AS round
+      FROM due d JOIN serving ON d.share_round = serving.next_round
+     WHERE (SELECT min(run_at) FROM due WHERE share_round = serving.next_round)
+           < now() - make_interval(secs => %(age)s)
+), fresh AS (
+    SELECT d.id, b.last_round,
+           row_number() OVER (PARTITION BY d.fair_key ORDER BY d.run_at, d.id)
+             - CASE WHEN b.last_round = 0 THEN greatest(%(share)s - coalesce(r.n, 0), 0)
+                    ELSE %(share)s END AS step
+      FROM due d JOIN backlog b ON b.fair_key = d.fair_key
+                 LEFT JOIN running r ON r.fair_key = d.fair_key
+     WHERE d.share_round = 0
+), placed AS (
+    -- the round being served: the lowest placed one (0 when none)
+    SELECT f.id, 0 AS seen,
+           greatest(f.last_round, coalesce(serving.next_round, 1) - 1) + f.step AS round
+      FROM fresh f, serving
+     WHERE f.step > 0
+), targets AS (
+    SELECT id, seen, round FROM placed
+    UNION ALL
+    SELECT id, seen, round FROM aged
+), locked AS (
+    SELECT j.id, t.round FROM jobs j JOIN targets t ON t.id = j.id
+     WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.share_round = t.seen
+       FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE jobs j
+   SET share_round = locked.round
+  FROM locked
+ WHERE j.id = locked.id
+RETURNING j.id, j.share_round;
 
 -- name: depth
 SELECT count(*) FILTER (WHERE locked_at IS NULL AND run_at <= now() AND run_at <> 'infinity') AS due,

@@ -168,17 +168,26 @@ def test_outcome_labels():
 
 
 def test_lateness_is_observed_for_status_reads_only():
-    from datetime import datetime, timedelta, timezone
-    due = datetime.now(timezone.utc) - timedelta(seconds=7)
+    # late_by is the claim's now() minus run_at, on the database's clock
     before = _sample("vpay_poll_lateness_seconds_count", lane="mtn")
     before_sum = _sample("vpay_poll_lateness_seconds_sum", lane="mtn")
-    metrics.job_claimed(_job(run_at=due))
-    metrics.job_claimed(_job(kind="deliver", lane="mtn", run_at=due))
+    low = _sample("vpay_poll_lateness_seconds_bucket", lane="mtn", le="0.1")
+    metrics.job_claimed(_job(late_by=7.0))
+    metrics.job_claimed(_job(kind="deliver", lane="mtn", late_by=7.0))
     assert _sample("vpay_poll_lateness_seconds_count", lane="mtn") == before + 1
-    assert 7 <= _sample("vpay_poll_lateness_seconds_sum", lane="mtn") - before_sum < 60
-    # due in the future (claimed early by a clock skew): 0, never negative
-    metrics.job_claimed(_job(run_at=datetime.now(timezone.utc) + timedelta(seconds=30)))
-    assert _sample("vpay_poll_lateness_seconds_bucket", lane="mtn", le="0.1") >= 1
+    assert _sample("vpay_poll_lateness_seconds_sum", lane="mtn") - before_sum == 7.0
+    assert _sample("vpay_poll_lateness_seconds_bucket", lane="mtn", le="0.1") == low
+    # never negative, whatever a hand-built job says
+    metrics.job_claimed(_job(late_by=-3.0))
+    assert _sample("vpay_poll_lateness_seconds_bucket", lane="mtn", le="0.1") == low + 1
+    assert _sample("vpay_poll_lateness_seconds_sum", lane="mtn") - before_sum == 7.0
+
+
+def test_a_rebalance_counts_the_jobs_it_put_over_share_by_lane():
+    before = _sample("vpay_jobs_over_share_total", lane="orange")
+    metrics.lane_rebalanced("orange", 3)
+    metrics.lane_rebalanced("orange", 0)
+    assert _sample("vpay_jobs_over_share_total", lane="orange") == before + 3
 
 
 def test_without_a_database_the_collector_says_so_and_reports_no_numbers():

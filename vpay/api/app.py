@@ -52,16 +52,23 @@ class Database:
         self._lock = threading.Lock()
 
     def pool(self) -> ConnectionPool:
-        """The pool, created on first call. min_size 0: opening never waits for
-        the database, so a process started while Postgres is down still serves
-        /healthz (503) and recovers when it is back."""
+        """The pool, created on first call. Opening never waits for the
+        database (the pool's thread opens its one standing connection), so a
+        process started while Postgres is down still serves /healthz (503)
+        and recovers when it is back."""
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
                     from ..db import make_pool
-                    self._pool = make_pool(self.url, max_size=self.max_size, min_size=0,
-                                           name="vpay-api", timeout=self.timeout)
+                    self._pool = make_pool(self.url, max_size=self.max_size, min_size=1,
+                                           name="vpay-api", timeout=self.timeout, wait=False)
         return self._pool
+
+    def warm(self) -> None:
+        """Create the pool now (each gunicorn worker, after the fork), so its
+        standing connection is open before the first request: a load
+        balancer's first /healthz does not pay for a new connection."""
+        self.pool()
 
     @contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection]:

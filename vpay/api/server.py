@@ -67,6 +67,7 @@ class ApiServer(BaseApplication):
 
     def load(self):
         self.app = self.app_factory()
+        self.app.vpay_db.warm()
         if self.metrics:
             from .exposition import with_metrics
             return with_metrics(self.app)
