@@ -84,6 +84,18 @@ def test_the_listener_reconnects_after_its_backend_is_terminated_and_still_wakes
     assert worker.popen.poll() is None
 
 
+def _both_asleep(waker: Waker) -> tuple[dict[int, bool], list[threading.Thread]]:
+    """Loops 0 and 1 asleep on ``waker`` (up to 30 s each): what each
+    ``sleep`` answered, filled in as they end, and their threads."""
+    woken: dict[int, bool] = {}
+    sleepers = [threading.Thread(target=lambda s=s: woken.__setitem__(s, waker.sleep(s, 30)))
+                for s in (0, 1)]
+    for t in sleepers:
+        t.start()
+    wait_until(lambda: len(waker._idle) == 2, timeout=10, what="both loops asleep")
+    return woken, sleepers
+
+
 def test_a_notification_wakes_only_loops_of_its_lane(db, db_url):
     # The real trigger and listener, two loops: one serving mtn, one webhooks.
     waker = Waker([("mtn",), ("webhooks",)])
@@ -92,12 +104,7 @@ def test_a_notification_wakes_only_loops_of_its_lane(db, db_url):
     listener.start()
     try:
         assert listener.connected.wait(30)
-        woken: dict[int, bool] = {}
-        sleepers = [threading.Thread(target=lambda s=s: woken.__setitem__(s, waker.sleep(s, 30)))
-                    for s in (0, 1)]
-        for t in sleepers:
-            t.start()
-        wait_until(lambda: len(waker._idle) == 2, timeout=10, what="both loops asleep")
+        woken, sleepers = _both_asleep(waker)
         queue.enqueue(db, "test.noop", "hook:1", lane="webhooks")
         sleepers[1].join(WELL_UNDER)
         assert woken.get(1) is True          # the webhooks loop was woken
@@ -190,12 +197,7 @@ def test_the_listener_claims_for_the_loop_it_wakes_and_the_loop_starts_from_that
     listener.start()
     try:
         assert listener.connected.wait(30)
-        woken: dict[int, bool] = {}
-        sleepers = [threading.Thread(target=lambda s=s: woken.__setitem__(s, waker.sleep(s, 30)))
-                    for s in (0, 1)]
-        for t in sleepers:
-            t.start()
-        wait_until(lambda: len(waker._idle) == 2, timeout=10, what="both loops asleep")
+        woken, sleepers = _both_asleep(waker)
         queue.enqueue(db, "test.noop", "hook:claimed", lane="webhooks")
         sleepers[1].join(WELL_UNDER)
         assert woken.get(1) is True
