@@ -143,10 +143,37 @@ def test_a_lowest_round_waiting_past_its_age_goes_back_to_round_0(db):
     assert fairness.Rebalancer(age=41).rebalance(db, "mtn") == (0, 0)  # s[1] is 39 s late: kept
     assert aging.rebalance(db, "mtn") == (0, 1)  # the lowest round (s[1]'s) waited past 30 s
     assert [_rounds(db)[k] for k in s] == [0, 0, 2]
-    # then the next round (one per pass); s[1] goes back behind s's last
-    # round, since s[0] holds s's share of round 0
-    assert aging.rebalance(db, "mtn") == (1, 1)
-    assert [_rounds(db)[k] for k in s] == [0, 3, 0]
+    # then the next round (one per pass); s[1], aged, keeps its place in
+    # round 0 beside s[0], s's share (found in review: it went behind s's
+    # whole backlog when not claimed before the next pass)
+    assert aging.rebalance(db, "mtn") == (0, 1)
+    assert [_rounds(db)[k] for k in s] == [0, 0, 0]
+
+
+def test_an_aged_job_is_not_sent_behind_its_merchants_backlog_by_later_passes(db):
+    _bulk(db, "S", 50, ago=60)
+    aging = fairness.Rebalancer(age=30)
+    assert aging.rebalance(db, "mtn") == (49, 0)
+    for _ in range(3):  # passes with no claim between them (several workers, a slow rail)
+        assert aging.rebalance(db, "mtn") == (0, 1)
+    rounds = _rounds(db)
+    assert [rounds[f"S:{i}"] for i in range(1, 6)] == [0, 0, 0, 0, 4]
+    assert _claims(db)[:5] == [f"S:{i}" for i in range(1, 6)]
+
+
+def test_next_due_counts_only_placed_jobs_that_are_due(db, db_url):
+    # Found in review: a placed job not yet due (left by older code) could
+    # answer a positive next_due_in while a due job was only locked, and
+    # the loop slept its idle sleep instead of claiming again soon.
+    _merchants(db, "m_s")
+    due = _poll(db, "m_s", ago=5)
+    later = _poll(db, "m_s", ago=-60)
+    db.execute("UPDATE jobs SET share_round = 1 WHERE dedupe_key = %s", (later,))
+    with psycopg.connect(db_url) as holder:  # another claim holds the due job's row
+        holder.execute("SELECT id FROM jobs WHERE dedupe_key = %s FOR UPDATE", (due,))
+        job, next_due = queue.claim_or_next_due(db, "w1", 300, ("mtn",))
+        assert job is None and next_due <= 0
+        holder.rollback()
 
 
 def test_a_backlogged_merchant_is_served_while_one_job_merchants_keep_arriving(db):

@@ -19,7 +19,8 @@ a loop is free.
   (``jobs.share_round``). A merchant with no backlog keeps its oldest
   ``SHARE`` in round 0, less its jobs the lane is running now, and starts
   the rest at the round the lane is serving; a merchant with a backlog keeps
-  ``SHARE`` in round 0 and queues the others behind its last round;
+  ``SHARE`` in round 0 (besides its jobs aged back there) and queues the
+  others behind its last round;
 * a claim takes the oldest due job of round 0 first, then the lowest round
   (oldest first inside it), and sets the job's round back to 0: a
   rescheduled poll starts within its share again;
@@ -31,8 +32,8 @@ So a merchant not involved in a burst waits, at worst, for the jobs already
 running and one job per round of each backlogged merchant, never for the
 whole burst. Each process rebalances a lane at most once per
 ``PASS_INTERVAL``; a pass reads the lane's due backlog once and writes only
-the jobs it places (each at most once per time it is due). A lane that
-keeps up never rebalances.
+the jobs it places or ages (each at most twice per time it is due). A lane
+that keeps up never rebalances.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ SELECT claimed.*,
                     AND run_at <> 'infinity' AND share_round = 0),
                 -- placed rows are due: any one says so (another claim holds it)
                 (SELECT run_at FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round > 0 LIMIT 1)) - now())::float8
+                    AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
+                  LIMIT 1)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -98,7 +99,8 @@ SELECT claimed.*,
                     AND run_at <> 'infinity' AND share_round = 0),
                 -- placed rows are due: any one says so (another claim holds it)
                 (SELECT run_at FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round > 0 LIMIT 1)) - now())::float8
+                    AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
+                  LIMIT 1)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -143,7 +145,8 @@ SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
                     AND run_at <> 'infinity' AND share_round = 0),
                 -- placed rows are due: any one says so (another claim holds it)
                 (SELECT run_at FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round > 0 LIMIT 1)) - now())::float8
+                    AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
+                  LIMIT 1)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -189,7 +192,8 @@ SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
                     AND run_at <> 'infinity' AND share_round = 0),
                 -- placed rows are due: any one says so (another claim holds it)
                 (SELECT run_at FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round > 0 LIMIT 1)) - now())::float8
+                    AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
+                  LIMIT 1)) - now())::float8
        END AS next_due_in
   FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
@@ -291,8 +295,9 @@ SELECT id, kind, lane, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
 --   * a merchant with no backlog yet keeps its oldest jobs in round 0 (within
 --     its share: claimed first, by age), %(share)s less those of its jobs the
 --     lane is running now; its others start at the round being served;
---   * a merchant with a backlog keeps %(share)s in round 0 (an aged job among
---     them: see below) and queues the others behind its last round.
+--   * a merchant with a backlog keeps %(share)s in round 0, besides its jobs
+--     already past the age (see below), and queues the others behind its
+--     last round.
 -- Claims serve round 0 first, then round by round, by age inside a round: a
 -- merchant new to the queue waits for one job per round of each backlogged
 -- merchant, never for a whole burst. Round 0 could keep the rounds waiting
@@ -301,7 +306,7 @@ SELECT id, kind, lane, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
 -- due, goes back to round 0 (aged): each pass serves every backlog at least
 -- one more job. Placed jobs otherwise keep their round until claimed (every
 -- write that ends a lease sets it back to 0), so a job is written at most
--- once per time it is due.
+-- twice per time it is due (placed, then aged).
 -- Only jobs still due and unclaimed, in the round this pass read, are written
 -- (a job claimed and rescheduled while the pass ran, or placed by another
 -- worker's pass, is left alone); rows are locked with SKIP LOCKED, so a claim
@@ -337,6 +342,8 @@ WITH due AS (
       FROM due d JOIN backlog b ON b.fair_key = d.fair_key
                  LEFT JOIN running r ON r.fair_key = d.fair_key
      WHERE d.share_round = 0
+       -- an aged job (past the age, of a merchant with a backlog) stays in round 0
+       AND NOT (b.last_round > 0 AND d.run_at < now() - make_interval(secs => %(age)s))
 ), placed AS (
     -- the round being served: the lowest placed one (0 when none)
     SELECT f.id, 0 AS seen,
