@@ -80,9 +80,10 @@ class Rebalancer:
     """Decides when a worker process rebalances a lane, and does it.
 
     ``share``, ``behind``, ``interval`` and ``age`` default to ``SHARE``,
-    ``BEHIND_SECONDS``, ``PASS_INTERVAL`` and ``ROUND_AGE_SECONDS``; ``clock``
-    (seconds, monotonic) is for tests. Thread-safe: of several claim loops that find their lane
-    behind at once, one rebalances."""
+    ``BEHIND_SECONDS``, ``PASS_INTERVAL`` and ``ROUND_AGE_SECONDS``;
+    ``clock`` (seconds, monotonic) is for tests. Raises ``ValueError`` for a
+    share below 1 or a negative age. Thread-safe: of several claim loops that
+    find their lane behind at once, one rebalances."""
 
     def __init__(self, share: int = SHARE, behind: float = BEHIND_SECONDS,
                  interval: float = PASS_INTERVAL, age: float = ROUND_AGE_SECONDS,
