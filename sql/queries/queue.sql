@@ -62,8 +62,10 @@ SELECT claimed.*,
 -- The same fair choice across several lanes (a loop that shares lanes: fewer
 -- loops than lanes). jobs_claimable (run_at) walks due rows in order and
 -- filters on the lane; an ordered scan of (lane, run_at) cannot serve
--- lane = ANY(...) ORDER BY run_at. Placed rows (a backlog's excess) are
--- sorted. The same one row as claim_lane.
+-- lane = ANY(...) ORDER BY run_at. For placed rows, each lane's head is one
+-- ordered probe (its row stays locked for this statement's moment, so a
+-- sibling skips it) and the lowest head is taken. The same one row as
+-- claim_lane.
 WITH claimed AS (
     UPDATE jobs
        SET attempts = attempts + 1,
