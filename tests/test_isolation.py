@@ -118,6 +118,9 @@ def test_a_429_with_retry_after_pauses_every_read_to_the_rail(db, db_url, mercha
     _due(db, first)
     throttled = wait_until(lambda: [e for e in stub.requests(reference=first["rail_reference"])
                                     if e.status == 429], what="the 429")[0]
+    # Due once the worker has the 429 (not merely once the stub sent it): a
+    # claim woken at once by the commit could otherwise read in between.
+    worker.wait_for_log("rail paused", rail="mtn")
     _due(db, *others)  # due during the pause
     wait_until(lambda: all(_status(db, c) == "succeeded" for c in (first, *others)), timeout=60,
                what="every charge to settle after the pause")
