@@ -124,6 +124,25 @@ def test_a_merchant_that_falls_behind_later_joins_the_round_being_served(db):
     assert _claims(db) == [e[0], s_new, s[3], e[1], s[4], e[2], s[5]]
 
 
+def test_a_burst_of_callbacks_pulling_polls_forward_is_queued_in_rounds_too(db):
+    # A sibling of the burst: S's 10 polls parked an hour out, pulled forward
+    # by 10 callbacks at once (callback_pull_forward, as the API runs it),
+    # ahead of C's poll that fell due just before them. The merchant comes
+    # with the job from its insert, so the claim side is fair whatever moved
+    # run_at.
+    from vpay.queries import Q
+    _merchants(db, "m_s", "m_c")
+    s = [_poll(db, "m_s", ago=-3600) for _ in range(10)]
+    c = _poll(db, "m_c", ago=0.5)
+    for key in s:
+        assert db.execute(Q["callback_pull_forward"], {"charge_id": key.split(":", 1)[1],
+                                                        "spacing": 10}).fetchone() is not None
+    db.execute("UPDATE jobs SET run_at = run_at - interval '1 second' WHERE dedupe_key = ANY(%s)", (s,))
+    assert REBALANCE.rebalance(db, "mtn") == (9, 0)
+    claimed = _claims(db)
+    assert claimed.index(c) <= 1 and len(claimed) == 11
+
+
 def test_a_job_being_worked_on_uses_its_merchants_share(db):
     _merchants(db, "m_s", "m_c")
     s = [_poll(db, "m_s", ago=30 - i) for i in range(4)]
