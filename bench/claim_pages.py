@@ -5,13 +5,14 @@
     VPAY_DATABASE_URL=... python bench/claim_pages.py
 
 On a fresh database with autovacuum off for ``jobs``: 100,000 due no-op jobs,
-then batches of claims and finishes on one connection (``claim_lane`` and
-``finish_claim_lane``, as a busy loop sends them) with no vacuum between, and
-after each batch the index pages one claim reads (``EXPLAIN (ANALYZE,
-BUFFERS)`` of ``claim_lane``, rolled back); then one ``vacuum_jobs`` (the
-worker's own statement, timed) and a last batch. Twice: with every job's
-``run_at`` the same (as bench/peers.py inserts them: the btree deduplicates
-equal keys) and with distinct ``run_at`` (as real jobs have).
+then batches of claims and finishes on one connection (``claim_lane``, with
+the fenced finish of the previous job and without, as a busy loop sends it)
+with no vacuum between, and after each batch the index pages one claim reads
+(``EXPLAIN (ANALYZE, BUFFERS)`` of ``claim_lane`` with nothing to finish,
+rolled back); then one ``vacuum_jobs`` (the worker's own statement, timed)
+and a last batch. Twice: with every job's ``run_at`` the same (as
+bench/peers.py inserts them: the btree deduplicates equal keys) and with
+distinct ``run_at`` (as real jobs have).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ BATCHES = (2_000, 9_000, 12_000, 32_000)
 
 
 def pages_per_claim(conn) -> int:
-    """Shared buffers one ``claim_lane`` touches (the top plan node's)."""
+    """Shared buffers one ``claim_lane`` with nothing to finish touches (the
+    top plan node's)."""
     from vpay.queries import Q
     text = Q["claim_lane"].replace("%(worker)s", "'bench'").replace("%(lease)s", "300") \
-                          .replace("%(lane)s", "'housekeeping'")
+                          .replace("%(lane)s", "'housekeeping'") \
+                          .replace("%(id)s", "NULL").replace("%(token)s", "NULL")
     with conn.transaction(force_rollback=True):
         plan = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + text)]
     line = next(l for l in plan if "Buffers:" in l)

@@ -293,23 +293,25 @@ def pgbench_script(lanes: bool, combined: bool) -> str:
     """vpay's per-job SQL for pgbench, with the worker's parameters as
     literals and the claimed row's columns carried by ``\\gset``.
 
-    ``combined``: what a busy vpay loop sends per job, ``finish_claim_lane``
-    (the fenced finish of the previous job and the claim of the next, one
-    statement; the first transaction of a client finishes nothing).
-    Otherwise the two statements ``claim_lane`` + ``finish``."""
+    ``combined``: what a busy vpay loop sends per job, ``claim_lane`` with
+    the fenced finish of the previous job (one statement; the first
+    transaction of a client finishes nothing). Otherwise two statements:
+    ``claim_lane`` with nothing to finish (id and token NULL), then
+    ``finish``."""
     from vpay.queries import Q
     subst = {"%(worker)s": "'pgbench'", "%(lease)s": "300", "%(lane)s": "'housekeeping'",
              "%(id)s": ":id", "%(token)s": ":lease_token"}
+    nothing_to_finish = {"%(id)s": "NULL", "%(token)s": "NULL"}
 
-    def text(name: str) -> str:
+    def text(name: str, over: dict[str, str] | None = None) -> str:
         out = _one_line(Q[name])
-        for k, v in subst.items():
+        for k, v in {**subst, **(over or {})}.items():
             out = out.replace(k, v)
         return out
 
     if combined:
-        return f"{text('finish_claim_lane')} \\gset\n"
-    claim = text("claim_lane") if lanes else text("claim")
+        return f"{text('claim_lane')} \\gset\n"
+    claim = text("claim_lane", nothing_to_finish) if lanes else text("claim")
     return f"{claim} \\gset\n{text('finish')};\n"
 
 
@@ -323,8 +325,6 @@ def pgbench_bin() -> str:
 def run_pgbench(url: str, n: int, clients: int = 5, combined: bool = True) -> dict:
     with psycopg.connect(url, autocommit=True) as conn:
         lanes = has_lanes(conn)
-    from vpay.queries import Q
-    combined = combined and "finish_claim_lane" in Q
     script = LOGS / ("finish_claim.sql" if combined else "claim_finish.sql")
     script.write_text(pgbench_script(lanes, combined))
     parts = psycopg.conninfo.conninfo_to_dict(url)

@@ -121,7 +121,8 @@ def test_the_lane_claim_walks_the_lane_index_in_order_without_a_sort(db):
     with db.transaction():
         db.execute("SET LOCAL enable_seqscan = off")
         db.execute("SET LOCAL enable_bitmapscan = off")
-        plan = "\n".join(r[0] for r in db.execute(plan_sql, {"worker": "w", "lease": 30.0, "lane": "mtn"}))
+        plan = "\n".join(r[0] for r in db.execute(plan_sql, {"id": None, "token": None, "worker": "w",
+                                                               "lease": 30.0, "lane": "mtn"}))
     assert "jobs_claimable_lane" in plan, plan
     assert "Sort" not in plan, plan
     assert "LockRows" in plan, plan  # FOR UPDATE SKIP LOCKED stays

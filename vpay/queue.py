@@ -94,17 +94,23 @@ def claim(conn: psycopg.Connection, worker: str, lease: float = 300.0,
     ``None`` when nothing is due there. A job within its merchant's share
     comes before any over-share one (``vpay.fairness``). One lane uses
     ``claim_lane`` (ordered scans of ``jobs_claimable_lane`` and
-    ``jobs_over_share``); several use ``claim_lanes``."""
+    ``jobs_over_share``); several use ``claim_lanes``; both with no job to
+    finish (``id`` NULL)."""
     return claim_or_next_due(conn, worker, lease, lanes)[0]
 
 
 def _lane_params(lanes: Iterable[str] | None) -> tuple[str, dict[str, Any]]:
-    """``("_lane", {"lane": x})`` for one lane, ``("_lanes", {"lanes": [...]})``
-    for several: which variant of a claim statement serves them."""
+    """``("claim_lane", {"lane": x})`` for one lane, ``("claim_lanes",
+    {"lanes": [...]})`` for several: which claim statement serves them."""
     lanes = tuple(_lanes.LANES if lanes is None else lanes)
     if len(lanes) == 1:
-        return "_lane", {"lane": lanes[0]}
-    return "_lanes", {"lanes": list(lanes)}
+        return "claim_lane", {"lane": lanes[0]}
+    return "claim_lanes", {"lanes": list(lanes)}
+
+
+_NOTHING_TO_FINISH = {"id": None, "token": None}
+"""The fenced finish of a claim statement with no job: its DELETE matches
+nothing (``id = NULL``) and ``finished`` is false."""
 
 
 def _claimed(row: dict[str, Any], worker: str) -> tuple[Job | None, float | None]:
@@ -119,25 +125,26 @@ def claim_or_next_due(conn: psycopg.Connection, worker: str, lease: float = 300.
                       lanes: Iterable[str] | None = None) -> tuple[Job | None, float | None]:
     """``claim``, and when nothing is due, the seconds until the next job of
     ``lanes`` is (``None`` when none is scheduled; zero or less when a due
-    job was skipped because another claim held its lock). One statement:
-    ``(job, None)`` or ``(None, next_due_in)``."""
-    variant, params = _lane_params(lanes)
+    job was skipped because another claim held its lock). One statement
+    (the claim statement with nothing to finish): ``(job, None)`` or
+    ``(None, next_due_in)``."""
+    name, params = _lane_params(lanes)
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["claim" + variant], {"worker": worker, "lease": float(lease),
-                                                 **params}).fetchone()
+        row = cur.execute(Q[name], {**_NOTHING_TO_FINISH, "worker": worker, "lease": float(lease),
+                                    **params}).fetchone()
     return _claimed(row, worker)
 
 
 def finish_and_claim(conn: psycopg.Connection, job: Job, lease: float = 300.0,
                      lanes: Iterable[str] | None = None) -> tuple[bool, Job | None, float | None]:
     """``finish(job)`` and ``claim_or_next_due`` for the same worker in one
-    statement (one round trip per job in a busy loop). Answers ``(finished,
-    next job or None, next_due_in or None)``; ``finished`` is ``False`` when
-    the lease was no longer ours (lost), and the claim happens all the same."""
-    variant, params = _lane_params(lanes)
+    statement (the claim statement with ``job``'s fenced finish: one round
+    trip per job in a busy loop). Answers ``(finished, next job or None,
+    next_due_in or None)``; ``finished`` is ``False`` when the lease was no
+    longer ours (lost), and the claim happens all the same."""
+    name, params = _lane_params(lanes)
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["finish_claim" + variant],
-                          {**_fenced(job), "lease": float(lease), **params}).fetchone()
+        row = cur.execute(Q[name], {**_fenced(job), "lease": float(lease), **params}).fetchone()
     finished = bool(row["finished"])
     nxt, next_due = _claimed(row, job.worker)
     return finished, nxt, next_due

@@ -20,11 +20,22 @@ SELECT coalesce((SELECT rail FROM charges WHERE id = %(charge_id)s),
 -- 0); when none is due, the oldest of the lowest round (rebalance_lane;
 -- sql/0015_fair_claims.sql). Each probe is an ordered index scan inside the
 -- lane (jobs_claimable_lane, then jobs_over_share) that stops at the first
--- row SKIP LOCKED can take; no
--- sort, other lanes' rows never read, and coalesce runs the second probe
--- only when the first finds nothing. Always one row: the job's columns (all NULL when
--- nothing is due), late_by (seconds past its run_at) and next_due_in.
-WITH claimed AS (
+-- row SKIP LOCKED can take; no sort, other lanes' rows never read, and
+-- coalesce runs the second probe only when the first finds nothing.
+-- With the claim, an optional fenced finish of the job the loop has just
+-- done (id, worker, token): one statement, so one round trip per job while a
+-- loop has work (issue #15). id and token NULL: just a claim (the DELETE
+-- matches nothing). The finished job is leased, so the claim cannot take it
+-- again. Always one row: finished (false when id is NULL, or when the lease
+-- was no longer ours: lost; the claim happens anyway), the job's columns (all
+-- NULL when nothing is due), late_by (seconds past its run_at) and
+-- next_due_in.
+WITH finished AS (
+    -- the optional fenced finish: matches nothing when id is NULL
+    DELETE FROM jobs
+     WHERE id = %(id)s::bigint AND locked_by = %(worker)s AND lease_token = %(token)s::uuid
+    RETURNING id
+), claimed AS (
     UPDATE jobs
        SET attempts = attempts + 1,
            locked_by = %(worker)s,
@@ -44,7 +55,7 @@ WITH claimed AS (
     RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
               extract(epoch FROM now() - run_at)::float8 AS late_by
 )
-SELECT claimed.*,
+SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
        -- only when nothing was claimed: seconds until the next job of these
        -- lanes is due (NULL: none scheduled), so the loop sleeps until then
        CASE WHEN claimed.id IS NULL THEN
@@ -60,13 +71,18 @@ SELECT claimed.*,
 
 -- name: claim_lanes
 -- The same fair choice across several lanes (a loop that shares lanes: fewer
--- loops than lanes). jobs_claimable (run_at) walks due rows in order and
--- filters on the lane; an ordered scan of (lane, run_at) cannot serve
--- lane = ANY(...) ORDER BY run_at. For placed rows, each lane's head is one
--- ordered probe (its row stays locked for this statement's moment, so a
--- sibling skips it) and the lowest head is taken. The same one row as
--- claim_lane.
-WITH claimed AS (
+-- loops than lanes), with the same optional fenced finish (id NULL: just a
+-- claim). jobs_claimable (run_at) walks due rows in order and filters on the
+-- lane; an ordered scan of (lane, run_at) cannot serve lane = ANY(...) ORDER
+-- BY run_at. For placed rows, each lane's head is one ordered probe (its row
+-- stays locked for this statement's moment, so a sibling skips it) and the
+-- lowest head is taken. The same one row as claim_lane.
+WITH finished AS (
+    -- the optional fenced finish: matches nothing when id is NULL
+    DELETE FROM jobs
+     WHERE id = %(id)s::bigint AND locked_by = %(worker)s AND lease_token = %(token)s::uuid
+    RETURNING id
+), claimed AS (
     UPDATE jobs
        SET attempts = attempts + 1,
            locked_by = %(worker)s,
@@ -92,7 +108,7 @@ WITH claimed AS (
     RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
               extract(epoch FROM now() - run_at)::float8 AS late_by
 )
-SELECT claimed.*,
+SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
        -- only when nothing was claimed: seconds until the next job of these
        -- lanes is due (NULL: none scheduled), so the loop sleeps until then
        CASE WHEN claimed.id IS NULL THEN
@@ -110,94 +126,6 @@ SELECT claimed.*,
 DELETE FROM jobs
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
 RETURNING id;
-
--- name: finish_claim_lane
--- The fenced finish of one job and the claim of the next (claim_lane), in one
--- statement: one round trip per job while a loop has work (issue #15). The
--- finished job is leased, so the claim cannot take it again. finished is
--- false when the lease was no longer ours (lost); the claim happens anyway.
-WITH finished AS (
-    DELETE FROM jobs
-     WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-    RETURNING id
-), claimed AS (
-    UPDATE jobs
-       SET attempts = attempts + 1,
-           locked_by = %(worker)s,
-           locked_at = now(),
-           lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid(),
-           share_round = 0
-     WHERE id = coalesce(
-                 (SELECT id FROM jobs
-                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
-                     AND share_round = 0 AND run_at <= now()
-                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
-                 (SELECT id FROM jobs
-                   WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
-                     AND share_round > 0 AND run_at <= now()
-                   ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED))
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
-              extract(epoch FROM now() - run_at)::float8 AS late_by
-)
-SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
-       CASE WHEN claimed.id IS NULL THEN
-            extract(epoch FROM least(
-                (SELECT min(run_at) FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round = 0),
-                -- placed rows are due: any one says so (another claim holds it)
-                (SELECT run_at FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
-                  LIMIT 1)) - now())::float8
-       END AS next_due_in
-  FROM (SELECT) AS one LEFT JOIN claimed ON true;
-
--- name: finish_claim_lanes
--- The fenced finish of one job and the claim of the next (claim_lanes), in one
--- statement: one round trip per job while a loop has work (issue #15). The
--- finished job is leased, so the claim cannot take it again. finished is
--- false when the lease was no longer ours (lost); the claim happens anyway.
-WITH finished AS (
-    DELETE FROM jobs
-     WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-    RETURNING id
-), claimed AS (
-    UPDATE jobs
-       SET attempts = attempts + 1,
-           locked_by = %(worker)s,
-           locked_at = now(),
-           lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid(),
-           share_round = 0
-     WHERE id = coalesce(
-                 (SELECT id FROM jobs
-                   WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity'
-                     AND share_round = 0 AND run_at <= now()
-                   ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
-                 -- the head of each lane's placed rows (an ordered probe each), then
-                 -- the lowest of those: never a sort of a whole placed backlog
-                 (SELECT head.id
-                    FROM unnest(%(lanes)s::text[]) AS served(lane)
-                   CROSS JOIN LATERAL (
-                         SELECT id, share_round, run_at FROM jobs
-                          WHERE lane = served.lane AND locked_at IS NULL AND run_at <> 'infinity'
-                            AND share_round > 0 AND run_at <= now()
-                          ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
-                   ORDER BY head.share_round, head.run_at LIMIT 1))
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
-              extract(epoch FROM now() - run_at)::float8 AS late_by
-)
-SELECT EXISTS (SELECT 1 FROM finished) AS finished, claimed.*,
-       CASE WHEN claimed.id IS NULL THEN
-            extract(epoch FROM least(
-                (SELECT min(run_at) FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round = 0),
-                -- placed rows are due: any one says so (another claim holds it)
-                (SELECT run_at FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
-                  LIMIT 1)) - now())::float8
-       END AS next_due_in
-  FROM (SELECT) AS one LEFT JOIN claimed ON true;
 
 -- name: reschedule
 -- An Outcome was reached: the failure streak ends. A job deferred without
