@@ -5,6 +5,7 @@ lane that hangs does not hold up MTN status reads."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import threading
@@ -126,6 +127,43 @@ def test_the_lane_claim_walks_the_lane_index_in_order_without_a_sort(db):
     assert "jobs_claimable_lane" in plan, plan
     assert "Sort" not in plan, plan
     assert "LockRows" in plan, plan  # FOR UPDATE SKIP LOCKED stays
+
+
+def _prepare(name: str) -> tuple[sql.Composable, list[str]]:
+    """``PREPARE s`` of a named query, and its parameters' names in $n order."""
+    order: list[str] = []
+
+    def number(m: re.Match) -> str:
+        if m[1] not in order:
+            order.append(m[1])
+        return f"${order.index(m[1]) + 1}"
+
+    return sql.SQL("PREPARE s AS " + re.sub(r"%\((\w+)\)s", number, queue.Q[name])), order
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_a_claim_with_nothing_to_finish_reads_nothing_for_the_finish(db, mode):
+    # claim_lane and claim_lanes carry the fenced finish of the loop's last
+    # job; a claim alone passes id and token NULL, prepared (psycopg prepares
+    # after 5 executions) and so maybe planned once for any id.
+    for i in range(3):
+        queue.enqueue(db, "test.count", f"nf:{i}", lane="mtn")
+    args = {"id": None, "token": None, "worker": "w", "lease": 30.0, "lane": "mtn", "lanes": ["mtn", "orange"]}
+    for name in ("claim_lane", "claim_lanes"):
+        prepare, order = _prepare(name)
+        with db.transaction(force_rollback=True):
+            db.execute(sql.SQL("SET LOCAL plan_cache_mode = {}").format(sql.SQL(mode)))
+            db.execute(prepare)
+            try:
+                plan = "\n".join(r[0] for r in db.execute(
+                    sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) EXECUTE s({})").format(
+                        sql.SQL(", ").join(sql.Literal(args[n]) for n in order))))
+            finally:
+                db.execute("DEALLOCATE s")
+        finish = plan[plan.index("CTE finished"):plan.index("CTE claimed")]
+        assert "actual rows=0" in finish and "Buffers:" not in finish, plan
+        assert "Index Scan using jobs_pkey" in finish or "One-Time Filter: false" in finish, plan
+        assert re.search(r"Update on jobs .*actual rows=1 ", plan), plan  # and the claim claims
 
 
 def test_the_migration_backfills_the_lane_of_existing_jobs(server_url, worker_id):
