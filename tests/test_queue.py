@@ -175,3 +175,33 @@ def test_a_lease_is_judged_by_its_own_expiry_not_by_the_reapers(db):
     assert [r["dedupe_key"] for r in queue.reap_expired_leases(db)] == ["short"]
     assert queue.finish(db, long_job) is True
     assert queue.finish(db, short_job) is False
+
+
+@pytest.mark.parametrize("lanes", [("housekeeping",), ("housekeeping", "webhooks")])
+def test_claim_statements_answer_the_columns_the_queue_reads_by_position(db, lanes):
+    """queue._claim unpacks the claim statement's row by position
+    (queue.CLAIM_COLUMNS): a reordered or added column in queue.sql must fail
+    here, not mislabel a job's fields."""
+    name, params = queue._lane_params(lanes)
+    params.update(id=None, token=None, worker="w", lease=30.0)
+    with db.cursor() as cur:
+        cur.execute(queue.Q[name], params)
+        assert tuple(c.name for c in cur.description) == queue.CLAIM_COLUMNS
+
+
+def test_a_claimed_job_carries_its_row_and_the_next_claim_on_the_same_connection_reuses_the_cursor(db):
+    queue.enqueue(db, "test.count", "k:1", {"charge_id": "ch_1"}, lane="housekeeping")
+    queue.enqueue(db, "test.count", "k:2", lane="housekeeping")
+    first = queue.claim(db, "w1", 30.0, ["housekeeping"])
+    row = db.execute("SELECT id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, "
+                     "run_at, created_at FROM jobs WHERE id = %s", (first.id,)).fetchone()
+    assert (first.id, first.kind, first.lane, first.dedupe_key, first.payload, first.attempts,
+            first.failures, first.lease_token, first.run_at, first.created_at) == row
+    assert first.dedupe_key == "k:1" and first.payload == {"charge_id": "ch_1"} and first.worker == "w1"
+    assert first.late_by >= 0
+    cursor = queue._claim_cursor(db)
+    finished, second, next_due = queue.finish_and_claim(db, first, 30.0, ["housekeeping"])
+    assert finished and second.dedupe_key == "k:2" and next_due is None
+    assert queue._claim_cursor(db) is cursor
+    finished, third, next_due = queue.finish_and_claim(db, second, 30.0, ["housekeeping"])
+    assert finished and third is None and next_due is None  # nothing left, nothing scheduled

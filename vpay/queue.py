@@ -113,12 +113,35 @@ _NOTHING_TO_FINISH = {"id": None, "token": None}
 nothing (``id = NULL``) and ``finished`` is false."""
 
 
-def _claimed(row: dict[str, Any], worker: str) -> tuple[Job | None, float | None]:
-    next_due = row.pop("next_due_in")
-    row.pop("finished", None)
-    if row["id"] is None:
-        return None, next_due
-    return Job(worker=worker, **row), None
+CLAIM_COLUMNS = ("finished", "id", "kind", "lane", "dedupe_key", "payload", "attempts",
+                 "failures", "lease_token", "run_at", "created_at", "late_by", "next_due_in")
+"""The one row of ``claim_lane`` / ``claim_lanes``, in order (read by position:
+tests/test_queue.py holds both statements to it)."""
+
+
+def _claim_cursor(conn: psycopg.Connection) -> psycopg.Cursor:
+    """The connection's own cursor for the claim statements, made on first
+    use and kept on the connection. A busy loop runs one claim per job, and a
+    new cursor per statement (with a dict per row) cost about a third of the
+    loop's CPU per job (issue #15). A pooled connection serves one thread at a
+    time, so its cursor does too; a closed connection's cursor is replaced."""
+    cur = getattr(conn, "_vpay_claim_cursor", None)
+    if cur is None or cur.closed:
+        cur = conn.cursor()
+        conn._vpay_claim_cursor = cur
+    return cur
+
+
+def _claim(conn: psycopg.Connection, name: str, params: dict[str, Any],
+           worker: str) -> tuple[bool, Job | None, float | None]:
+    """Run claim statement ``name``: ``(finished, job or None, next_due_in
+    or None)`` (``CLAIM_COLUMNS``)."""
+    (finished, id_, kind, lane, dedupe_key, payload, attempts, failures, token, run_at,
+     created_at, late_by, next_due) = _claim_cursor(conn).execute(Q[name], params).fetchone()
+    if id_ is None:
+        return bool(finished), None, next_due
+    return bool(finished), Job(id_, kind, dedupe_key, payload, attempts, failures, token, worker,
+                               run_at, created_at, lane, late_by), None
 
 
 def claim_or_next_due(conn: psycopg.Connection, worker: str, lease: float = 300.0,
@@ -129,10 +152,8 @@ def claim_or_next_due(conn: psycopg.Connection, worker: str, lease: float = 300.
     (the claim statement with nothing to finish): ``(job, None)`` or
     ``(None, next_due_in)``."""
     name, params = _lane_params(lanes)
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q[name], {**_NOTHING_TO_FINISH, "worker": worker, "lease": float(lease),
-                                    **params}).fetchone()
-    return _claimed(row, worker)
+    params.update(_NOTHING_TO_FINISH, worker=worker, lease=float(lease))
+    return _claim(conn, name, params, worker)[1:]
 
 
 def finish_and_claim(conn: psycopg.Connection, job: Job, lease: float = 300.0,
@@ -143,11 +164,8 @@ def finish_and_claim(conn: psycopg.Connection, job: Job, lease: float = 300.0,
     next_due_in or None)``; ``finished`` is ``False`` when the lease was no
     longer ours (lost), and the claim happens all the same."""
     name, params = _lane_params(lanes)
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q[name], {**_fenced(job), "lease": float(lease), **params}).fetchone()
-    finished = bool(row["finished"])
-    nxt, next_due = _claimed(row, job.worker)
-    return finished, nxt, next_due
+    params.update(id=job.id, worker=job.worker, token=job.lease_token, lease=float(lease))
+    return _claim(conn, name, params, job.worker)
 
 
 def _fenced(job: Job) -> dict[str, Any]:
