@@ -108,15 +108,18 @@ class Gauge:
         default_factory=lambda: {lane: dict.fromkeys(COUNTERS, 0) for lane in lanes.LANES})
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, lane: str | None = None, **counts: int) -> None:
-        """Add ``counts`` to the totals and, with ``lane``, to that lane's."""
+    def count(self, lane: str, name: str) -> None:
+        """One more ``name`` (one of ``COUNTERS``) in the totals and in
+        ``lane``'s row; ``lost`` and ``reaped`` go to ``metrics.leases`` too.
+        Once or twice per job, so kept to one lock and no keyword dict."""
         with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-                if lane is not None:
-                    row = self.per_lane.setdefault(lane, dict.fromkeys(COUNTERS, 0))
-                    row[name] += n
-        metrics.leases(**counts)
+            setattr(self, name, getattr(self, name) + 1)
+            row = self.per_lane.get(lane)
+            if row is None:
+                row = self.per_lane.setdefault(lane, dict.fromkeys(COUNTERS, 0))
+            row[name] += 1
+        if name in ("lost", "reaped"):
+            metrics.leases(**{name: 1})
 
     def snapshot(self) -> dict[str, int]:
         """The totals (the gauge line's top-level keys)."""
@@ -247,7 +250,7 @@ class Worker:
         """Run ``job`` and record its outcome; answers the next job of
         ``served`` when the outcome's write claimed one (``Done``, not
         draining), else ``None``."""
-        self.gauge.add(job.lane, claimed=1)
+        self.gauge.count(job.lane, "claimed")
         metrics.job_claimed(job)
         with self._inflight_lock:
             self._inflight[job.lease_token] = job
@@ -318,7 +321,7 @@ class Worker:
         if kept and self.jobs_vacuum is not None:
             self.jobs_vacuum.finished()
         if not kept:
-            self.gauge.add(job.lane, lost=1)
+            self.gauge.count(job.lane, "lost")
             log.warning("lease lost: the outcome was discarded", extra=self._job_extra(
                 job, outcome=type(outcome).__name__ if outcome else "error", seconds=elapsed))
         elif log.isEnabledFor(logging.INFO):
@@ -353,12 +356,12 @@ class Worker:
                 reason = f"dead-lettered after {job.failures + 1} consecutive failures; last: {error}"
                 kept = queue.park(conn, job, reason)
                 if kept:
-                    self.gauge.add(job.lane, parked=1)
+                    self.gauge.count(job.lane, "parked")
                     log.error("job dead-lettered", extra=self._job_extra(job, reason=reason))
                 return kept, None
             kept = queue.retry_failed(conn, job, failure_backoff(job.failures), error or "")
             if kept:
-                self.gauge.add(job.lane, failed=1)
+                self.gauge.count(job.lane, "failed")
             return kept, None
         if isinstance(outcome, Done):
             # Looked at when writing, not when the job began: a signal during
@@ -368,18 +371,18 @@ class Worker:
             else:
                 kept, nxt = queue.finish(conn, job), None
             if kept:
-                self.gauge.add(job.lane, done=1)
+                self.gauge.count(job.lane, "done")
             return kept, nxt
         if isinstance(outcome, RetryAfter):
             kept = queue.reschedule(conn, job, outcome.seconds, outcome.note,
                                     spent=outcome.attempt_spent)
             if kept:
-                self.gauge.add(job.lane, retried=1)
+                self.gauge.count(job.lane, "retried")
             return kept, None
         if isinstance(outcome, DeadLetter):
             kept = queue.park(conn, job, outcome.reason)
             if kept:
-                self.gauge.add(job.lane, parked=1)
+                self.gauge.count(job.lane, "parked")
                 log.error("job dead-lettered", extra=self._job_extra(job, reason=outcome.reason))
             return kept, None
         raise TypeError(f"handler for {job.kind!r} returned {outcome!r}, not an Outcome")
@@ -396,7 +399,7 @@ class Worker:
                                                "lane": row["lane"], "dedupe_key": row["dedupe_key"],
                                                "parked": row["parked"]})
         for row in rows:
-            self.gauge.add(row["lane"], reaped=1)
+            self.gauge.count(row["lane"], "reaped")
         return len(rows)
 
     def _heartbeat_thread(self) -> None:

@@ -140,6 +140,10 @@ class Waker:
     def spread(self, slot: int) -> None:
         """Loop ``slot`` claimed a job: wake one idle loop sharing a lane
         with it (there may be more where that came from)."""
+        if not self._idle:
+            # Unlocked look, once per claimed job: nobody to wake. A loop
+            # that goes idle just after would have missed a locked look too.
+            return
         with self._lock:
             for lane in self._groups[slot]:
                 if self._wake_one(lane, exclude=slot):
