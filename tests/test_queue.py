@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import psycopg
@@ -205,3 +206,39 @@ def test_a_claimed_job_carries_its_row_and_the_next_claim_on_the_same_connection
     assert queue._claim_cursor(db) is cursor
     finished, third, next_due = queue.finish_and_claim(db, second, 30.0, ["housekeeping"])
     assert finished and third is None and next_due is None  # nothing left, nothing scheduled
+
+
+def test_a_finish_waiting_for_a_row_lock_holds_no_claimed_row(db, db_url):
+    """The claim statement deletes the finished job before it claims the
+    next: a finish that waits (here on a row lock held by a test connection;
+    in the benches, on a sibling's claim that locked the row in passing)
+    holds no claimed row meanwhile. Claiming first, as the statement once
+    did, let three loops each wait on the next one's claimed row: a
+    deadlock, one loop's error after deadlock_timeout (1 s)."""
+    queue.enqueue(db, "test.count", "k:1", lane="housekeeping")
+    first = queue.claim(db, "w1", 30.0, ["housekeeping"])
+    queue.enqueue(db, "test.count", "k:2", lane="housekeeping")
+    second_id = db.execute("SELECT id FROM jobs WHERE dedupe_key = 'k:2'").fetchone()[0]
+    with psycopg.connect(db_url) as locker, psycopg.connect(db_url, autocommit=True) as loop_conn, \
+            psycopg.connect(db_url) as probe:
+        locker.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (first.id,))
+        answer: list = []
+        pid = loop_conn.info.backend_pid
+        thread = threading.Thread(target=lambda: answer.append(
+            queue.finish_and_claim(loop_conn, first, 30.0, ["housekeeping"])), daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while db.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                             (pid,)).fetchone()[0] != "Lock":
+                assert time.monotonic() < deadline, "the finish never waited for the row lock"
+                time.sleep(0.01)
+            # the waiting statement holds the next job neither leased nor locked
+            assert probe.execute("SELECT id, locked_by FROM jobs WHERE id = %s FOR UPDATE NOWAIT",
+                                 (second_id,)).fetchone() == (second_id, None)
+            probe.rollback()
+        finally:
+            locker.rollback()  # first: the loop's connection closes only once its statement ends
+            thread.join(10)
+    finished, nxt, _ = answer[0]
+    assert finished and nxt.id == second_id
