@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, Iterable
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from . import lanes as _lanes
@@ -127,7 +127,7 @@ def _claim_cursor(conn: psycopg.Connection) -> psycopg.Cursor:
     time, so its cursor does too; a closed connection's cursor is replaced."""
     cur = getattr(conn, "_vpay_claim_cursor", None)
     if cur is None or cur.closed:
-        cur = conn.cursor()
+        cur = conn.cursor(row_factory=tuple_row)  # whatever the connection's default
         conn._vpay_claim_cursor = cur
     return cur
 
