@@ -219,3 +219,85 @@ def test_a_configuration_that_cannot_work_is_refused_at_boot_with_78(db, db_url,
     assert "configuration refused" in res.stderr
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0  # booted nothing, enqueued nothing
 
+
+
+class _CutOnClaimAnswer:
+    """A TCP proxy to the test's Postgres that, once ``armed``, drops the
+    connection instead of forwarding the server's answer to a claim
+    statement (its RowDescription names ``finished``): the statement has
+    committed (autocommit; the answer is flushed after the commit), its
+    caller sees the connection die. A network blip, a bouncer restart."""
+
+    def __init__(self, url: str):
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+        host, port = parts.get("host") or "/tmp", int(parts.get("port") or 5432)
+        self.target = ((socket.AF_UNIX, f"{host}/.s.PGSQL.{port}") if host.startswith("/")
+                       else (socket.AF_INET, (host, port)))
+        self.armed = threading.Event()
+        self.cuts = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=self.listener.getsockname()[1],
+                                                  sslmode="disable", gssencmode="disable")
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.socket(self.target[0], socket.SOCK_STREAM)
+            server.connect(self.target[1])
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, src, dst, from_server):
+        try:
+            while data := src.recv(65536):
+                if from_server and self.armed.is_set() and b"finished\x00" in data:
+                    self.armed.clear()
+                    self.cuts += 1
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self):
+        self.listener.close()
+
+
+def test_a_finish_and_claim_whose_answer_is_lost_neither_reports_lost_nor_strands_the_next_job(
+        db, db_url, test_handlers):
+    # The loop writes a Done with the claim of its next job (one statement).
+    # When that statement commits but its answer never arrives, the retry
+    # (a plain finish) finds the job gone: the outcome was kept, yet it is
+    # counted and logged as a lost lease; and the next job, claimed for this
+    # live worker, is run by nobody and renewed by nobody until its lease
+    # runs out and the reaper counts a failure against it.
+    from vpay import db as vdb
+    queue.enqueue(db, "test.noop", "a", lane="housekeeping")
+    queue.enqueue(db, "test.noop", "b", lane="housekeeping")
+    db.execute("UPDATE jobs SET run_at = now() - interval '1 minute' WHERE dedupe_key = 'a'")
+    proxy = _CutOnClaimAnswer(db_url)
+    pool = vdb.make_pool(proxy.url, max_size=4)
+    try:
+        w = _worker(pool)
+        job = queue.claim(db, "w1", 300.0, ["housekeeping"])
+        assert job.dedupe_key == "a"
+        proxy.armed.set()
+        assert w._run(job, ("housekeeping",)) is None
+        assert proxy.cuts == 1
+    finally:
+        pool.close()
+        proxy.close()
+    assert db.execute("SELECT count(*) FROM jobs WHERE dedupe_key = 'a'").fetchone()[0] == 0  # kept
+    stranded = db.execute("SELECT locked_by FROM jobs WHERE dedupe_key = 'b'").fetchone()
+    lost = w.gauge.snapshot()["lost"]
+    assert (lost, stranded) == (0, (None,)), \
+        "lost counts a kept outcome / the next job stays leased to a live worker not running it"
