@@ -38,7 +38,8 @@ def pages_per_claim(conn) -> int:
     from vpay.queries import Q
     text = Q["claim_lane"].replace("%(worker)s", "'bench'").replace("%(lease)s", "300") \
                           .replace("%(lane)s", "'housekeeping'") \
-                          .replace("%(id)s", "NULL").replace("%(token)s", "NULL")
+                          .replace("%(id)s", "NULL").replace("%(token)s", "NULL") \
+                          .replace("%(new_token)s", "gen_random_uuid()")
     with conn.transaction(force_rollback=True):
         plan = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + text)]
     line = next(l for l in plan if "Buffers:" in l)

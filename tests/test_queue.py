@@ -184,7 +184,7 @@ def test_claim_statements_answer_the_columns_the_queue_reads_by_position(db, lan
     (queue.CLAIM_COLUMNS): a reordered or added column in queue.sql must fail
     here, not mislabel a job's fields."""
     name, params = queue._lane_params(lanes)
-    params.update(id=None, token=None, worker="w", lease=30.0)
+    params.update(id=None, token=None, new_token=uuid.uuid4(), worker="w", lease=30.0)
     with db.cursor() as cur:
         cur.execute(queue.Q[name], params)
         assert tuple(c.name for c in cur.description) == queue.CLAIM_COLUMNS

@@ -301,3 +301,28 @@ def test_a_finish_and_claim_whose_answer_is_lost_neither_reports_lost_nor_strand
     lost = w.gauge.snapshot()["lost"]
     assert (lost, stranded) == (0, (None,)), \
         "lost counts a kept outcome / the next job stays leased to a live worker not running it"
+
+
+def test_a_claim_whose_answer_is_lost_is_handed_back_by_its_token(db, db_url, test_handlers):
+    # The sibling of the finish+claim above: a loop's (or the listener's)
+    # plain claim commits and its answer never arrives. The claim was made
+    # under a lease token the worker chose, so it is handed back by it:
+    # claimable at once, not leased to a live worker that does not know it.
+    from vpay import db as vdb
+    queue.enqueue(db, "test.noop", "b", lane="housekeeping")
+    proxy = _CutOnClaimAnswer(db_url)
+    pool = vdb.make_pool(proxy.url, max_size=4)
+    try:
+        w = _worker(pool)
+        proxy.armed.set()
+        with pytest.raises(psycopg.OperationalError):
+            with pool.connection() as conn:
+                w._claim_on(conn, ("housekeeping",))
+        assert proxy.cuts == 1
+        assert not w._unanswered  # released at once: the database answered the hand-back
+    finally:
+        pool.close()
+        proxy.close()
+    # attempts 1: the claim did commit before its answer was cut
+    assert db.execute("SELECT locked_by, lease_token, attempts FROM jobs WHERE dedupe_key = 'b'"
+                      ).fetchone() == (None, None, 1)

@@ -182,6 +182,8 @@ class Worker:
         self._halt = threading.Event()      # the helper threads' stop
         self._inflight: dict[uuid.UUID, queue.Job] = {}
         self._inflight_lock = threading.Lock()
+        # tokens of claims whose answer was lost, not yet handed back (_hand_back)
+        self._unanswered: set[uuid.UUID] = set()
         self.loops = config.loops()  # lanes.LaneError on a split that does not fit
         self.waker = Waker(self.loops)
         self.fairness = fairness.Rebalancer()
@@ -211,8 +213,7 @@ class Worker:
                 else:
                     try:
                         with self.pool.connection() as conn:
-                            job, next_due = queue.claim_or_next_due(conn, self.config.worker_id,
-                                                                    self.config.lease, served)
+                            job, next_due = self._claim_on(conn, served)
                     except psycopg.Error as exc:  # any database error: back off, never end the loop
                         log.warning("claim failed; database unavailable",
                                     extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
@@ -244,7 +245,50 @@ class Worker:
         """The claim the listener makes, on its own connection, for the idle
         loop serving ``lanes`` it is about to wake (``Waker.claim_for``):
         ``(job, next_due_in)`` exactly as that loop's own claim would answer."""
-        return queue.claim_or_next_due(conn, self.config.worker_id, self.config.lease, lanes)
+        return self._claim_on(conn, lanes)
+
+    def _claim_on(self, conn: psycopg.Connection,
+                  lanes: tuple[str, ...]) -> tuple[queue.Job | None, float | None]:
+        """``queue.claim_or_next_due`` for this worker on ``conn``, under a
+        lease token of our own: when the statement fails, it may still have
+        committed (the answer lost with the connection), so the claim it may
+        have made is handed back by that token (``_hand_back``) before the
+        error propagates."""
+        token = uuid.uuid4()
+        try:
+            return queue.claim_or_next_due(conn, self.config.worker_id, self.config.lease, lanes,
+                                           token=token)
+        except psycopg.Error:
+            self._hand_back(token)
+            raise
+
+    def _hand_back(self, token: uuid.UUID) -> None:
+        """A claim statement under ``token`` failed without an answer. If it
+        committed, it leased a job to this live worker that no loop runs and
+        no heartbeat renews: without this, that job would wait out its whole
+        lease and then count a failure at the reaper. Released now when the
+        database answers, else on the heartbeat's next turn (every lease / 3)
+        or at the drain. A token whose statement had not committed matches
+        nothing."""
+        with self._inflight_lock:
+            self._unanswered.add(token)
+        self._release_unanswered()
+
+    def _release_unanswered(self) -> None:
+        with self._inflight_lock:
+            tokens = list(self._unanswered)
+        if not tokens:
+            return
+        try:
+            with self.pool.connection(timeout=2) as conn:
+                released = queue.release(conn, self.config.worker_id, tokens)
+        except (psycopg.Error, PoolTimeout):
+            return  # the heartbeat tries again
+        with self._inflight_lock:
+            self._unanswered.difference_update(tokens)
+        if released:
+            log.warning("a claim whose answer was lost was handed back",
+                        extra={"worker_id": self.config.worker_id, "released": released})
 
     def _serve(self, job: queue.Job, served: tuple[str, ...]) -> queue.Job | None:
         """Run ``job`` and record its outcome; answers the next job of
@@ -335,22 +379,42 @@ class Worker:
         One attempt first; only a database error enters the retrying path
         (tenacity, up to 30 s, fresh connections, no claim), so a healthy
         job pays for no retry machinery."""
+        next_token = uuid.uuid4()  # the lease token of the next job, if this write claims one
         try:
             with self.pool.connection() as conn:
-                return self._write(conn, job, outcome, error, claim_next)
+                return self._write(conn, job, outcome, error, claim_next, next_token)
         except DB_ERRORS as exc:
             # INFO: the retrying path logs an ERROR if it gives up
             log.info("could not record the job's outcome; retrying",
                         extra=self._job_extra(job, error=str(exc)[:300]))
+        if claim_next is not None and isinstance(outcome, Done):
+            self._hand_back(next_token)
         return self._write_retrying(job, outcome, error), None
 
     @_retry_db
     def _write_retrying(self, job: queue.Job, outcome: Outcome | None, error: str | None) -> bool:
+        # After an attempt that failed, maybe after its commit (the answer
+        # lost with the connection): a retry that matches nothing may find
+        # the write already made by that attempt (queue.write_was_made).
         with self.pool.connection() as conn:
-            return self._write(conn, job, outcome, error, None)[0]
+            kept = self._write(conn, job, outcome, error, None)[0]
+            if not kept and queue.write_was_made(conn, job, isinstance(outcome, Done)):
+                log.info("the outcome was recorded by the attempt whose answer was lost",
+                         extra=self._job_extra(job))
+                self.gauge.count(job.lane, self._counted_as(job, outcome))
+                kept = True
+            return kept
+
+    @staticmethod
+    def _counted_as(job: queue.Job, outcome: Outcome | None) -> str:
+        """The gauge counter a kept write of ``outcome`` adds to (as ``_write``)."""
+        if outcome is None:
+            return "parked" if job.failures + 1 >= queue.MAX_FAILURES else "failed"
+        return {Done: "done", RetryAfter: "retried", DeadLetter: "parked"}[type(outcome)]
 
     def _write(self, conn: psycopg.Connection, job: queue.Job, outcome: Outcome | None,
-               error: str | None, claim_next: tuple[str, ...] | None) -> tuple[bool, queue.Job | None]:
+               error: str | None, claim_next: tuple[str, ...] | None,
+               next_token: uuid.UUID | None = None) -> tuple[bool, queue.Job | None]:
         if outcome is None:
             if job.failures + 1 >= queue.MAX_FAILURES:
                 reason = f"dead-lettered after {job.failures + 1} consecutive failures; last: {error}"
@@ -367,7 +431,8 @@ class Worker:
             # Looked at when writing, not when the job began: a signal during
             # the handler means claim nothing new.
             if claim_next is not None and not (self._stopping.is_set() or self.signals.stop.is_set()):
-                kept, nxt, _ = queue.finish_and_claim(conn, job, self.config.lease, claim_next)
+                kept, nxt, _ = queue.finish_and_claim(conn, job, self.config.lease, claim_next,
+                                                      token=next_token)
             else:
                 kept, nxt = queue.finish(conn, job), None
             if kept:
@@ -407,6 +472,7 @@ class Worker:
         # its worker is dead (or too wedged to run this thread).
         interval = max(self.config.lease / 3.0, 0.3)
         while not self._halt.wait(interval):
+            self._release_unanswered()
             with self._inflight_lock:
                 tokens = list(self._inflight)
             if not tokens:
@@ -547,6 +613,7 @@ class Worker:
         self._halt.set()
         if self.jobs_vacuum is not None:
             self.jobs_vacuum.stop()
+        self._release_unanswered()  # the heartbeat will not come round again
         if not pending:
             executor.shutdown(wait=True)
             self.gauge_line(final=True)

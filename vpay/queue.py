@@ -124,7 +124,8 @@ def _claim_cursor(conn: psycopg.Connection) -> psycopg.Cursor:
     use and kept on the connection. A busy loop runs one claim per job, and a
     new cursor per statement (with a dict per row) cost about a third of the
     loop's CPU per job (issue #15). A pooled connection serves one thread at a
-    time, so its cursor does too; a closed connection's cursor is replaced."""
+    time, so its cursor does too. A cursor closed by hand is replaced; a
+    broken connection is thrown away by its pool, its cursor with it."""
     cur = getattr(conn, "_vpay_claim_cursor", None)
     if cur is None or cur.closed:
         cur = conn.cursor(row_factory=tuple_row)  # whatever the connection's default
@@ -145,27 +146,49 @@ def _claim(conn: psycopg.Connection, name: str, params: dict[str, Any],
 
 
 def claim_or_next_due(conn: psycopg.Connection, worker: str, lease: float = 300.0,
-                      lanes: Iterable[str] | None = None) -> tuple[Job | None, float | None]:
+                      lanes: Iterable[str] | None = None, *,
+                      token: uuid.UUID | None = None) -> tuple[Job | None, float | None]:
     """``claim``, and when nothing is due, the seconds until the next job of
     ``lanes`` is (``None`` when none is scheduled; zero or less when a due
     job was skipped because another claim held its lock). One statement
     (the claim statement with nothing to finish): ``(job, None)`` or
-    ``(None, next_due_in)``."""
+    ``(None, next_due_in)``. ``token``: the new lease's token (default a
+    fresh ``uuid4``); a caller that may lose the answer (the connection dies
+    after the commit) passes its own, to hand that claim back by it
+    (``release``)."""
     name, params = _lane_params(lanes)
-    params.update(_NOTHING_TO_FINISH, worker=worker, lease=float(lease))
+    params.update(_NOTHING_TO_FINISH, worker=worker, lease=float(lease),
+                  new_token=token or uuid.uuid4())
     return _claim(conn, name, params, worker)[1:]
 
 
 def finish_and_claim(conn: psycopg.Connection, job: Job, lease: float = 300.0,
-                     lanes: Iterable[str] | None = None) -> tuple[bool, Job | None, float | None]:
+                     lanes: Iterable[str] | None = None, *,
+                     token: uuid.UUID | None = None) -> tuple[bool, Job | None, float | None]:
     """``finish(job)`` and ``claim_or_next_due`` for the same worker in one
     statement (the claim statement with ``job``'s fenced finish: one round
     trip per job in a busy loop). Answers ``(finished, next job or None,
     next_due_in or None)``; ``finished`` is ``False`` when the lease was no
-    longer ours (lost), and the claim happens all the same."""
+    longer ours (lost), and the claim happens all the same. ``token``: the
+    next lease's token, as for ``claim_or_next_due``."""
     name, params = _lane_params(lanes)
-    params.update(id=job.id, worker=job.worker, token=job.lease_token, lease=float(lease))
+    params.update(id=job.id, worker=job.worker, token=job.lease_token, lease=float(lease),
+                  new_token=token or uuid.uuid4())
     return _claim(conn, name, params, job.worker)
+
+
+def write_was_made(conn: psycopg.Connection, job: Job, finished: bool) -> bool:
+    """After a lease-ending write on ``job`` whose answer was lost and whose
+    retry then matched nothing: whether the row shows the lost attempt made
+    it. ``finished``: the write was a finish (the row is then gone);
+    otherwise (reschedule, park, retry_failed) the row is there and leased
+    to nobody. A row leased to someone else means the lease was taken over:
+    not made. (Gone or unleased could also follow a reap of our lease, which
+    a live worker's heartbeat prevents for a whole lease: 300 s by default.)"""
+    row = conn.execute(Q["job_lease"], {"id": job.id}).fetchone()
+    if finished:
+        return row is None
+    return row is not None and row[0] is None
 
 
 def _fenced(job: Job) -> dict[str, Any]:

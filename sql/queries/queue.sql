@@ -26,7 +26,18 @@ SELECT coalesce((SELECT rail FROM charges WHERE id = %(charge_id)s),
 -- done (id, worker, token): one statement, so one round trip per job while a
 -- loop has work (issue #15). id and token NULL: just a claim (the DELETE
 -- matches nothing). The finished job is leased, so the claim cannot take it
--- again. Always one row: finished (false when id is NULL, or when the lease
+-- again. The new lease's token is the caller's (a fresh uuid4 per claim):
+-- a claim whose answer never arrives (the connection died after the commit)
+-- can then be found and handed back by it (release), instead of sitting
+-- leased to a live worker that does not know it holds it until the lease
+-- runs out (vpay/loop.py, Worker._hand_back).
+-- The finish runs before the claim: the outer side of the final join is
+-- read first, and OFFSET 0 keeps it from being folded into the select list
+-- (computed after the join). A finish that waits for a row lock then holds
+-- no claimed row, so loops cannot deadlock on each other's finish and claim
+-- (seen in the benches: three loops in a cycle, each held 1 s, the
+-- deadlock_timeout, until one failed).
+-- Always one row: finished (false when id is NULL, or when the lease
 -- was no longer ours: lost; the claim happens anyway), the job's columns (all
 -- NULL when nothing is due), late_by (seconds past its run_at) and
 -- next_due_in.
@@ -41,7 +52,7 @@ WITH finished AS (
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid(),
+           lease_token = %(new_token)s::uuid,  -- the caller's (claim_lane's header)
            share_round = 0
      WHERE id = coalesce(
                  (SELECT id FROM jobs
@@ -67,12 +78,7 @@ SELECT done.finished, claimed.*,
                     AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
                   LIMIT 1)) - now())::float8
        END AS next_due_in
-  -- The finish runs before the claim (the outer side of the join is read
-  -- first; OFFSET 0 keeps it from being folded into the select list, which
-  -- is computed after the join). A finish that waits for a row lock then
-  -- holds no claimed row, so two loops cannot deadlock on each other's
-  -- finish and claim (seen in the benches: three loops in a cycle, each
-  -- waiting 1 s, deadlock_timeout, for its error).
+  -- finish first, then claim (header of claim_lane)
   FROM (SELECT EXISTS (SELECT 1 FROM finished) AS finished OFFSET 0) AS done
   LEFT JOIN claimed ON true;
 
@@ -95,7 +101,7 @@ WITH finished AS (
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = gen_random_uuid(),
+           lease_token = %(new_token)s::uuid,  -- the caller's (claim_lane's header)
            share_round = 0
      WHERE id = coalesce(
                  (SELECT id FROM jobs
@@ -127,12 +133,7 @@ SELECT done.finished, claimed.*,
                     AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
                   LIMIT 1)) - now())::float8
        END AS next_due_in
-  -- The finish runs before the claim (the outer side of the join is read
-  -- first; OFFSET 0 keeps it from being folded into the select list, which
-  -- is computed after the join). A finish that waits for a row lock then
-  -- holds no claimed row, so two loops cannot deadlock on each other's
-  -- finish and claim (seen in the benches: three loops in a cycle, each
-  -- waiting 1 s, deadlock_timeout, for its error).
+  -- finish first, then claim (header of claim_lane)
   FROM (SELECT EXISTS (SELECT 1 FROM finished) AS finished OFFSET 0) AS done
   LEFT JOIN claimed ON true;
 
@@ -183,6 +184,11 @@ WITH parked AS (
 )
 SELECT id FROM parked;
 
+-- name: job_lease
+-- What a job's row says after a lease-ending write whose answer was lost:
+-- no row (finished), or who holds it now (NULL: nobody).
+SELECT locked_by, lease_token FROM jobs WHERE id = %(id)s;
+
 -- name: renew
 -- A live worker keeps the leases it holds (every lease / 3): only a dead
 -- worker's leases run out, however long a handler takes.
@@ -192,8 +198,9 @@ UPDATE jobs
 RETURNING id;
 
 -- name: release
--- Drain timed out: hand back the leases this process still holds, due now,
--- so another worker claims them at once instead of after the lease.
+-- Drain timed out, or a claim's answer was lost: hand back the leases this
+-- process holds under these tokens, due now, so another loop or worker
+-- claims them at once instead of after the lease.
 UPDATE jobs
    SET locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
        share_round = 0
