@@ -254,7 +254,7 @@ class Worker:
         committed (the answer lost with the connection), so the claim it may
         have made is handed back by that token (``_hand_back``) before the
         error propagates."""
-        token = uuid.uuid4()
+        token = queue.new_lease_token()
         try:
             return queue.claim_or_next_due(conn, self.config.worker_id, self.config.lease, lanes,
                                            token=token)
@@ -379,7 +379,7 @@ class Worker:
         One attempt first; only a database error enters the retrying path
         (tenacity, up to 30 s, fresh connections, no claim), so a healthy
         job pays for no retry machinery."""
-        next_token = uuid.uuid4()  # the lease token of the next job, if this write claims one
+        next_token = queue.new_lease_token()  # the lease token of the next job, if this write claims one
         try:
             with self.pool.connection() as conn:
                 return self._write(conn, job, outcome, error, claim_next, next_token)

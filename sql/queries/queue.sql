@@ -52,7 +52,7 @@ WITH finished AS (
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = %(new_token)s::uuid,  -- the caller's (claim_lane's header)
+           lease_token = %(new_token)s::uuid,
            share_round = 0
      WHERE id = coalesce(
                  (SELECT id FROM jobs
@@ -101,7 +101,7 @@ WITH finished AS (
            locked_by = %(worker)s,
            locked_at = now(),
            lease_expires_at = now() + make_interval(secs => %(lease)s),
-           lease_token = %(new_token)s::uuid,  -- the caller's (claim_lane's header)
+           lease_token = %(new_token)s::uuid,
            share_round = 0
      WHERE id = coalesce(
                  (SELECT id FROM jobs
