@@ -326,3 +326,66 @@ def test_a_claim_whose_answer_is_lost_is_handed_back_by_its_token(db, db_url, te
     # attempts 1: the claim did commit before its answer was cut
     assert db.execute("SELECT locked_by, lease_token, attempts FROM jobs WHERE dedupe_key = 'b'"
                       ).fetchone() == (None, None, 1)
+
+
+def test_a_write_whose_answer_was_lost_is_kept_when_the_row_shows_it_made_and_only_then(db, pool):
+    # The retry after an attempt that may have committed (no answer): the
+    # lost attempt's reschedule is in the row, so the retry's fenced write
+    # matches nothing, and the outcome counts as kept (retried), not lost.
+    from vpay.outcome import RetryAfter
+    queue.enqueue(db, "test.count", "r", lane="housekeeping")
+    w = _worker(pool)
+    job = queue.claim(db, "w1", 300.0, ["housekeeping"])
+    assert queue.reschedule(db, job, 60, None)  # what the lost attempt committed
+    assert w._write_retrying(job, RetryAfter(60), None, True) is True
+    assert w.gauge.snapshot()["retried"] == 1
+    # After an error the server answered, the attempt was rolled back: the
+    # same row state then means the lease was lost, and nothing is counted.
+    assert w._write_retrying(job, RetryAfter(60), None, False) is False
+    # Taken over (reaped, claimed by another worker): lost, whatever the answer.
+    db.execute("UPDATE jobs SET run_at = now() - interval '1 s'")
+    assert queue.claim(db, "w2", 300.0, ["housekeeping"]) is not None
+    assert w._write_retrying(job, RetryAfter(60), None, True) is False
+    assert w.gauge.snapshot()["retried"] == 1
+
+
+def test_a_claim_the_server_refused_is_not_handed_back(db, db_url, pool):
+    # Read-only (a demoted primary): the server answered, the claim was
+    # rolled back, so no token is kept to hand back (none would pile up for
+    # the length of the outage).
+    from vpay.loop import answer_lost
+    w = _worker(pool)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = on")
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as refused:
+            w._claim_on(conn, ("housekeeping",))
+    assert not answer_lost(refused.value) and not w._unanswered
+    assert answer_lost(psycopg.OperationalError("server closed the connection unexpectedly"))
+
+
+def test_tokens_kept_while_the_database_is_away_are_bounded_and_handed_back_by_the_heartbeat(
+        db, pool, monkeypatch):
+    from vpay import loop as vloop
+    queue.enqueue(db, "test.count", "s", lane="housekeeping")
+    token = queue.new_lease_token()
+    assert queue.claim_or_next_due(db, "w1", 300.0, ["housekeeping"], token=token)[0] is not None
+    ctx = handlers.Context(pool=pool, worker_id="w1")
+    w = Worker(pool, ctx, WorkerConfig(worker_id="w1", concurrency=1, lease=0.9), ShutdownSignals())
+    # the database away: every hand-back attempt fails, and the tokens stay
+    release = w._release_unanswered
+    monkeypatch.setattr(w, "_release_unanswered", lambda: None)
+    w._hand_back(token)
+    for _ in range(vloop.MAX_UNANSWERED):
+        w._hand_back(queue.new_lease_token())
+    assert len(w._unanswered) == vloop.MAX_UNANSWERED and token not in w._unanswered  # oldest dropped
+    monkeypatch.setattr(w, "_release_unanswered", release)
+    w._unanswered = {token: None}
+    beat = threading.Thread(target=w._heartbeat_thread, daemon=True)
+    beat.start()  # every lease / 3 = 0.3 s
+    try:
+        wait_until(lambda: db.execute("SELECT locked_by FROM jobs WHERE dedupe_key = 's'").fetchone()
+                   == (None,), timeout=10)
+    finally:
+        w._halt.set()
+        beat.join(5)
+    assert not w._unanswered

@@ -132,6 +132,21 @@ class Gauge:
             return {lane: dict(row) for lane, row in self.per_lane.items()}
 
 
+MAX_UNANSWERED = 1000
+"""Tokens of claims whose answer was lost that a worker keeps to hand back
+(``Worker._hand_back``) while the database cannot be reached; past it the
+oldest are dropped, and their jobs, if those claims committed, wait for the
+reaper as before (a lease)."""
+
+
+def answer_lost(exc: BaseException) -> bool:
+    """Whether a statement that raised ``exc`` may have committed without our
+    hearing it: the server answered no SQLSTATE (the connection died, or no
+    connection was had). An error the server answered (read-only, deadlock,
+    a constraint) rolled the statement back: nothing to hand back."""
+    return getattr(exc, "sqlstate", None) is None
+
+
 SKIPPED_RETRY_SECONDS = 0.05
 """How soon a loop claims again after a claim that found nothing while a due
 job of its lanes exists (``next_due_in`` <= 0): another statement held that
@@ -182,8 +197,9 @@ class Worker:
         self._halt = threading.Event()      # the helper threads' stop
         self._inflight: dict[uuid.UUID, queue.Job] = {}
         self._inflight_lock = threading.Lock()
-        # tokens of claims whose answer was lost, not yet handed back (_hand_back)
-        self._unanswered: set[uuid.UUID] = set()
+        # tokens of claims whose answer was lost, not yet handed back (_hand_back);
+        # a dict for its order: the oldest go first past MAX_UNANSWERED
+        self._unanswered: dict[uuid.UUID, None] = {}
         self.loops = config.loops()  # lanes.LaneError on a split that does not fit
         self.waker = Waker(self.loops)
         self.fairness = fairness.Rebalancer()
@@ -258,8 +274,9 @@ class Worker:
         try:
             return queue.claim_or_next_due(conn, self.config.worker_id, self.config.lease, lanes,
                                            token=token)
-        except psycopg.Error:
-            self._hand_back(token)
+        except psycopg.Error as exc:
+            if answer_lost(exc):
+                self._hand_back(token)
             raise
 
     def _hand_back(self, token: uuid.UUID) -> None:
@@ -271,7 +288,9 @@ class Worker:
         or at the drain. A token whose statement had not committed matches
         nothing."""
         with self._inflight_lock:
-            self._unanswered.add(token)
+            self._unanswered[token] = None
+            while len(self._unanswered) > MAX_UNANSWERED:
+                del self._unanswered[next(iter(self._unanswered))]
         self._release_unanswered()
 
     def _release_unanswered(self) -> None:
@@ -285,7 +304,8 @@ class Worker:
         except (psycopg.Error, PoolTimeout):
             return  # the heartbeat tries again
         with self._inflight_lock:
-            self._unanswered.difference_update(tokens)
+            for token in tokens:
+                self._unanswered.pop(token, None)
         if released:
             log.warning("a claim whose answer was lost was handed back",
                         extra={"worker_id": self.config.worker_id, "released": released})
@@ -387,18 +407,21 @@ class Worker:
             # INFO: the retrying path logs an ERROR if it gives up
             log.info("could not record the job's outcome; retrying",
                         extra=self._job_extra(job, error=str(exc)[:300]))
-        if claim_next is not None and isinstance(outcome, Done):
+            lost_answer = answer_lost(exc)
+        if lost_answer and claim_next is not None and isinstance(outcome, Done):
             self._hand_back(next_token)
-        return self._write_retrying(job, outcome, error), None
+        return self._write_retrying(job, outcome, error, lost_answer), None
 
     @_retry_db
-    def _write_retrying(self, job: queue.Job, outcome: Outcome | None, error: str | None) -> bool:
-        # After an attempt that failed, maybe after its commit (the answer
-        # lost with the connection): a retry that matches nothing may find
-        # the write already made by that attempt (queue.write_was_made).
+    def _write_retrying(self, job: queue.Job, outcome: Outcome | None, error: str | None,
+                        lost_answer: bool = False) -> bool:
+        # After an attempt whose answer was lost (it may have committed), a
+        # retry that matches nothing may find the write already made by that
+        # attempt (queue.write_was_made). After an error the server answered,
+        # the attempt was rolled back: matching nothing is a lost lease.
         with self.pool.connection() as conn:
             kept = self._write(conn, job, outcome, error, None)[0]
-            if not kept and queue.write_was_made(conn, job, isinstance(outcome, Done)):
+            if not kept and lost_answer and queue.write_was_made(conn, job, isinstance(outcome, Done)):
                 log.info("the outcome was recorded by the attempt whose answer was lost",
                          extra=self._job_extra(job))
                 self.gauge.count(job.lane, self._counted_as(job, outcome))

@@ -26,7 +26,7 @@ SELECT coalesce((SELECT rail FROM charges WHERE id = %(charge_id)s),
 -- done (id, worker, token): one statement, so one round trip per job while a
 -- loop has work (issue #15). id and token NULL: just a claim (the DELETE
 -- matches nothing). The finished job is leased, so the claim cannot take it
--- again. The new lease's token is the caller's (a fresh uuid4 per claim):
+-- again. The new lease's token is the caller's (a fresh random UUID):
 -- a claim whose answer never arrives (the connection died after the commit)
 -- can then be found and handed back by it (release), instead of sitting
 -- leased to a live worker that does not know it holds it until the lease
@@ -187,7 +187,7 @@ SELECT id FROM parked;
 -- name: job_lease
 -- What a job's row says after a lease-ending write whose answer was lost:
 -- no row (finished), or who holds it now (NULL: nobody).
-SELECT locked_by, lease_token FROM jobs WHERE id = %(id)s;
+SELECT locked_by FROM jobs WHERE id = %(id)s;
 
 -- name: renew
 -- A live worker keeps the leases it holds (every lease / 3): only a dead
