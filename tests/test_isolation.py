@@ -317,3 +317,30 @@ def test_each_api_worker_opens_its_database_connection_before_the_first_request(
     wait_until(lambda: api_connections() == 2, timeout=30, what="one standing connection per API worker")
     assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
     assert api_connections() == 2  # the probe used a standing connection
+
+
+def test_warm_returns_only_once_the_standing_connection_is_ready_in_the_pool(db_url):
+    # The race the spawned test above once lost in CI: a probe that arrives
+    # while the standing connection is still connecting (already listed in
+    # pg_stat_activity, not yet in the pool) waits, and a waiting checkout makes
+    # the pool grow a second connection. warm() closes that window.
+    from vpay.api.app import Database
+    database = Database(db_url)
+    try:
+        assert database.warm() is True
+        assert database.pool().get_stats()["pool_available"] == 1
+        assert database.ping(timeout=2.0)
+        assert database.pool().get_stats()["pool_size"] == 1  # the probe did not grow the pool
+    finally:
+        database.close()
+
+
+def test_warm_gives_up_after_its_wait_and_keeps_the_pool_when_the_database_is_down():
+    from vpay.api.app import Database
+    database = Database(f"postgresql://postgres@127.0.0.1:{free_port()}/nothing", timeout=0.2)
+    try:
+        assert database.warm(wait=0.2) is False
+        assert not database.pool().closed  # pool.wait() would have closed it: no recovery
+        assert database.ping(timeout=0.2) is False
+    finally:
+        database.close()

@@ -38,6 +38,14 @@ POOL_MAX = 4
 """Connections per gunicorn worker process. Each request holds at most one
 at a time, so ``--threads`` up to this never waits on the pool."""
 
+WARM_WAIT_SECONDS = 2.0
+"""How long a gunicorn worker waits, after the fork and before it accepts
+requests, for its standing connection to reach the pool. Past it the worker
+starts anyway (Postgres is down: /healthz answers 503 and the pool keeps
+trying), so a down database delays each worker's start by at most this."""
+
+_WARM_POLL_SECONDS = 0.005
+
 
 class Database:
     """The per-process pool, made lazily. ``connection()`` yields an
@@ -64,11 +72,24 @@ class Database:
                                            name="vpay-api", timeout=self.timeout, wait=False)
         return self._pool
 
-    def warm(self) -> None:
-        """Create the pool now (each gunicorn worker, after the fork), so its
-        standing connection is open before the first request: a load
-        balancer's first /healthz does not pay for a new connection."""
-        self.pool()
+    def warm(self, wait: float = WARM_WAIT_SECONDS) -> bool:
+        """Create the pool now (each gunicorn worker, after the fork) and wait
+        up to ``wait`` seconds for its standing connection to be ready in it;
+        answer whether it is. A load balancer's first /healthz then neither
+        pays for a new connection nor, by arriving while the first one is
+        still connecting, makes the pool grow a second one. Never raises: a
+        database that is down costs the wait, not the start."""
+        pool = self.pool()
+        # Not pool.wait(): on its timeout it closes the pool, and a worker
+        # started while Postgres is down must keep a pool that recovers.
+        # Not a checkout either: a checkout that finds no ready connection
+        # asks the pool to grow.
+        deadline = time.monotonic() + wait
+        while pool.get_stats().get("pool_available", 0) < 1:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_WARM_POLL_SECONDS)
+        return True
 
     @contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection]:
