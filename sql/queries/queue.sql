@@ -191,29 +191,57 @@ SELECT locked_by FROM jobs WHERE id = %(id)s;
 
 -- name: renew
 -- A live worker keeps the leases it holds (every lease / 3): only a dead
--- worker's leases run out, however long a handler takes.
+-- worker's leases run out, however long a handler takes. The rows are locked
+-- in id order, as release locks them, so two statements over many of one
+-- worker's rows never wait on each other in a cycle (the reaper never waits).
+WITH mine AS (
+    SELECT id FROM jobs
+     WHERE locked_at IS NOT NULL  -- implied, and it lets the leased index serve: no scan of the backlog
+       AND locked_by = %(worker)s AND lease_token = ANY(%(tokens)s)
+     ORDER BY id
+       FOR UPDATE
+)
 UPDATE jobs
    SET lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE locked_by = %(worker)s AND lease_token = ANY(%(tokens)s)
-RETURNING id;
+-- ANY(ARRAY(...)): an index probe per locked row, never a join planned as a scan
+ WHERE jobs.id = ANY (ARRAY(SELECT id FROM mine))
+RETURNING jobs.id;
 
 -- name: release
 -- Drain timed out, or a claim's answer was lost: hand back the leases this
 -- process holds under these tokens, due now, so another loop or worker
 -- claims them at once instead of after the lease.
+-- Rows locked in id order, as renew locks them.
+WITH mine AS (
+    SELECT id FROM jobs
+     WHERE locked_at IS NOT NULL  -- implied, and it lets the leased index serve: no scan of the backlog
+       AND locked_by = %(worker)s AND lease_token = ANY(%(tokens)s)
+     ORDER BY id
+       FOR UPDATE
+)
 UPDATE jobs
    SET locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
        share_round = 0
- WHERE locked_by = %(worker)s AND lease_token = ANY(%(tokens)s)
-RETURNING id;
+-- ANY(ARRAY(...)): an index probe per locked row, never a join planned as a scan
+ WHERE jobs.id = ANY (ARRAY(SELECT id FROM mine))
+RETURNING jobs.id;
 
 -- name: reap_expired_leases
--- One statement: the expiry is re-checked on the row it updates, so a lease
+-- One statement: the expiry is re-checked on the row it locks, so a lease
 -- renewed by a new claim in the meantime is left alone, and a job finished
 -- (deleted) in the meantime is not resurrected. Each lease is judged by its
 -- own expiry (the claimer's lease), never by the reaper's. A job whose leases keep
 -- expiring (its handler kills the process) is parked after max_failures.
-WITH reaped AS (
+-- The reaper never waits for a row lock (SKIP LOCKED): a row another
+-- statement holds (the heartbeat's renew, a finish, an admin command) is
+-- left for the next pass, so the reaper, which writes many rows in no order
+-- of its owner's, can never be one side of a deadlock.
+WITH expired AS (
+    SELECT id FROM jobs
+     WHERE locked_at IS NOT NULL
+       AND lease_expires_at < now()
+       FOR UPDATE SKIP LOCKED
+), reaped AS (
     UPDATE jobs
        SET locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
            failures = failures + 1, share_round = 0,
@@ -224,9 +252,8 @@ WITH reaped AS (
                                          failures + 1, locked_by)
                              ELSE format('lease expired (held by %%s since %%s)', locked_by, locked_at)
                         END
-     WHERE locked_at IS NOT NULL
-       AND lease_expires_at < now()
-    RETURNING id, kind, lane, dedupe_key, payload, attempts, run_at, last_error
+     WHERE jobs.id = ANY (ARRAY(SELECT id FROM expired))
+    RETURNING jobs.id, kind, lane, dedupe_key, payload, attempts, run_at, last_error
 ), alert AS (
     INSERT INTO alerts (kind, charge_id, details)
     SELECT 'job_dead_lettered',
