@@ -1,7 +1,9 @@
 """Test harness: a real Postgres for every test, never a mock.
 
 * The server: ``VPAY_TEST_DATABASE_URL`` when set, otherwise one embedded
-  Postgres (pgserver) per test run, shared by the xdist workers of that run.
+  Postgres (pgserver) per test run, shared by the xdist workers of that run,
+  in ``$TMPDIR/vpay-test-pg-<run>`` (outside pytest's rotating basetemp),
+  deleted by the last process of the run to exit.
 * Each xdist worker gets its own database, cloned (``CREATE DATABASE …
   TEMPLATE``) from a template migrated once per set of migration files.
 * ``db`` empties every table before a test, so tests pass in any order.
@@ -9,8 +11,11 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -25,14 +30,27 @@ _RUN = uuid.uuid4().hex[:8]
 _LOCK = 7_316_240_052
 
 
-def _server_url(tmp_path_factory, worker_id: str) -> str:
+def _server_url() -> str:
     url = os.environ.get("VPAY_TEST_DATABASE_URL", "").strip()
     if url:
         return url
-    root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        root = root.parent  # shared by every xdist worker of this run
-    return vdb.embedded_url(root / "vpay-test-pg")
+    # A folder of its own, outside pytest's basetemp: pytest keeps only the
+    # newest three numbered basetemp folders, so a second and third session
+    # started on the same machine deleted a running suite's server under it.
+    # One folder per run, shared by that run's xdist workers (xdist gives
+    # them one PYTEST_XDIST_TESTRUNUID); the last process to leave stops the
+    # server and deletes its data (pgserver's cleanup_mode='delete').
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", _RUN)[:16]
+    root = Path(tempfile.gettempdir()) / f"vpay-test-pg-{run}"
+    # atexit runs last-registered first: this runs after pgserver's cleanup,
+    # and removes the folder once that cleanup has deleted the data in it.
+    atexit.register(_remove_if_emptied, root)
+    return vdb.embedded_url(root, cleanup_mode="delete")
+
+
+def _remove_if_emptied(root: Path) -> None:
+    if root.is_dir() and not (root / "pgdata").exists():
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _with_db(url: str, dbname: str) -> str:
@@ -40,8 +58,8 @@ def _with_db(url: str, dbname: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory, worker_id) -> str:
-    return _server_url(tmp_path_factory, worker_id)
+def server_url() -> str:
+    return _server_url()
 
 
 @pytest.fixture(scope="session")

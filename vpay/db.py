@@ -66,13 +66,14 @@ def describe(url: str, environ: Mapping[str, str] | None = None) -> str:
     return f"{user}@{host}:{port}/{dbname}"
 
 
-def embedded_url(data_dir: str | os.PathLike) -> str:
+def embedded_url(data_dir: str | os.PathLike, cleanup_mode: str = "stop") -> str:
     """Start (or reuse) the embedded Postgres under ``data_dir/pgdata`` and
     return its URL (a Unix socket; it listens on no TCP port).
 
     The server stops when the last process that opened it exits (pgserver's
-    ``cleanup_mode='stop'``); a process killed with -9 leaves it running, and
-    the next use reuses it.
+    ``cleanup_mode='stop'``; ``'delete'`` also deletes ``pgdata`` then, for
+    a throwaway server such as the test suite's); a process killed with -9
+    leaves it running, and the next use reuses it.
     """
     import fcntl
 
@@ -88,7 +89,7 @@ def embedded_url(data_dir: str | os.PathLike) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             (root / "pgdata").mkdir(exist_ok=True)
-            server = pgserver.get_server(root / "pgdata", cleanup_mode="stop")
+            server = pgserver.get_server(root / "pgdata", cleanup_mode=cleanup_mode)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return server.get_uri()
