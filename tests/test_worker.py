@@ -349,6 +349,31 @@ def test_a_write_whose_answer_was_lost_is_kept_when_the_row_shows_it_made_and_on
     assert w.gauge.snapshot()["retried"] == 1
 
 
+@pytest.mark.parametrize("write", ["reschedule", "retry_failed", "park"])
+def test_a_lost_answer_whose_lease_was_reaped_meanwhile_counts_as_lost_not_kept(db, pool, write):
+    # Unleased is not enough: the reaper leaves the row unleased too. The row
+    # records whose own write ended a lease (ended_token), and only that
+    # lease's write counts as made.
+    queue.enqueue(db, "test.count", "r", lane="housekeeping")
+    job = queue.claim(db, "w1", 300.0, ["housekeeping"])
+    db.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 s'")
+    assert [r["id"] for r in queue.reap_expired_leases(db)] == [job.id]
+    assert queue.write_was_made(db, job, finished=False) is False
+    # An earlier lease's own write is not this one's either.
+    again = queue.claim(db, "w1", 300.0, ["housekeeping"])
+    assert queue.reschedule(db, again, 0, None)
+    assert queue.write_was_made(db, job, finished=False) is False
+    assert queue.write_was_made(db, again, finished=False) is True
+    # Each lease-ending write of a holder is recognised as its own.
+    third = queue.claim(db, "w1", 300.0, ["housekeeping"])
+    writes = {"reschedule": lambda j: queue.reschedule(db, j, 60),
+              "retry_failed": lambda j: queue.retry_failed(db, j, 60, "boom"),
+              "park": lambda j: queue.park(db, j, "x")}
+    assert writes[write](third)
+    assert queue.write_was_made(db, third, finished=False) is True
+    assert queue.write_was_made(db, again, finished=False) is False
+
+
 def test_a_claim_the_server_refused_is_not_handed_back(db, db_url, pool):
     # Read-only (a demoted primary): the server answered, the claim was
     # rolled back, so no token is kept to hand back (none would pile up for

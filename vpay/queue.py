@@ -191,14 +191,20 @@ def write_was_made(conn: psycopg.Connection, job: Job, finished: bool) -> bool:
     """After a lease-ending write on ``job`` whose answer was lost and whose
     retry then matched nothing: whether the row shows the lost attempt made
     it. ``finished``: the write was a finish (the row is then gone);
-    otherwise (reschedule, park, retry_failed) the row is there and leased
-    to nobody. A row leased to someone else means the lease was taken over:
-    not made. (Gone or unleased could also follow a reap of our lease, which
-    a live worker's heartbeat prevents for a whole lease: 300 s by default.)"""
+    otherwise (reschedule, park, retry_failed) the row is there, leased to
+    nobody, and its ``ended_token`` is this lease's token: a row a reaper
+    freed (unleased too) is told apart, and counts as not made. A row leased
+    to someone else means the lease was taken over: not made.
+
+    Exact but for two rare paths, neither touching money (handlers are
+    compare-and-swaps): a finish answers made when the row is gone because
+    our lease was reaped and another worker finished the job (the job is
+    done either way); a reschedule answers not made when it landed and the
+    job was already claimed and ended again by the time of this read."""
     row = conn.execute(Q["job_lease"], {"id": job.id}).fetchone()
     if finished:
         return row is None
-    return row is not None and row[0] is None
+    return row is not None and row[0] is None and row[1] == job.lease_token
 
 
 def _fenced(job: Job) -> dict[str, Any]:

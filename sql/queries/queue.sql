@@ -149,7 +149,7 @@ UPDATE jobs
    SET run_at = now() + make_interval(secs => %(delay)s),
        attempts = CASE WHEN %(spent)s THEN attempts ELSE greatest(attempts - 1, 0) END,
        locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
-       failures = 0, share_round = 0,
+       ended_token = %(token)s, failures = 0, share_round = 0,
        last_error = %(note)s
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
 RETURNING id;
@@ -159,7 +159,7 @@ RETURNING id;
 UPDATE jobs
    SET run_at = now() + make_interval(secs => %(delay)s),
        locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
-       failures = failures + 1, share_round = 0,
+       ended_token = %(token)s, failures = failures + 1, share_round = 0,
        last_error = %(error)s
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
 RETURNING id;
@@ -169,7 +169,7 @@ WITH parked AS (
     UPDATE jobs
        SET run_at = 'infinity',
            locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
-           share_round = 0,
+           ended_token = %(token)s, share_round = 0,
            last_error = %(reason)s
      WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
     RETURNING id, kind, dedupe_key, payload, attempts, last_error
@@ -186,8 +186,9 @@ SELECT id FROM parked;
 
 -- name: job_lease
 -- What a job's row says after a lease-ending write whose answer was lost:
--- no row (finished), or who holds it now (NULL: nobody).
-SELECT locked_by FROM jobs WHERE id = %(id)s;
+-- no row (finished), or who holds it now (NULL: nobody) and whose own write
+-- last ended a lease on it (sql/0016_ended_token.sql).
+SELECT locked_by, ended_token FROM jobs WHERE id = %(id)s;
 
 -- name: renew
 -- A live worker keeps the leases it holds (every lease / 3): only a dead
