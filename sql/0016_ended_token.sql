@@ -4,6 +4,6 @@
 -- "unleased" alone could also be a reaper's work, and a reaped lease counted
 -- as kept would hide a lost lease from the `lost` counter. A reaper or an
 -- operator's release never writes it, so it never names their work; a claim
--- leaves it, since a new lease has a new token. Not indexed: the writes that
--- set it stay HOT updates.
+-- leaves it, since a new lease has a new token (so the answer holds even once
+-- another worker has claimed the row). Not indexed: nothing looks a row up by it.
 ALTER TABLE jobs ADD COLUMN ended_token uuid;

@@ -332,21 +332,51 @@ def test_a_write_whose_answer_was_lost_is_kept_when_the_row_shows_it_made_and_on
     # The retry after an attempt that may have committed (no answer): the
     # lost attempt's reschedule is in the row, so the retry's fenced write
     # matches nothing, and the outcome counts as kept (retried), not lost.
-    from vpay.outcome import RetryAfter
+    from vpay.outcome import Done, RetryAfter
     queue.enqueue(db, "test.count", "r", lane="housekeeping")
     w = _worker(pool)
     job = queue.claim(db, "w1", 300.0, ["housekeeping"])
-    assert queue.reschedule(db, job, 60, None)  # what the lost attempt committed
+    assert queue.reschedule(db, job, 0, None)  # what the lost attempt committed (due at once)
     assert w._write_retrying(job, RetryAfter(60), None, True) is True
     assert w.gauge.snapshot()["retried"] == 1
-    # After an error the server answered, the attempt was rolled back: the
-    # same row state then means the lease was lost, and nothing is counted.
-    assert w._write_retrying(job, RetryAfter(60), None, False) is False
-    # Taken over (reaped, claimed by another worker): lost, whatever the answer.
-    db.execute("UPDATE jobs SET run_at = now() - interval '1 s'")
+    # Still ours once another worker has claimed the job since: the row names
+    # the lease whose holder ended it.
     assert queue.claim(db, "w2", 300.0, ["housekeeping"]) is not None
-    assert w._write_retrying(job, RetryAfter(60), None, True) is False
-    assert w.gauge.snapshot()["retried"] == 1
+    assert w._write_retrying(job, RetryAfter(60), None, True) is True
+    assert w.gauge.snapshot()["retried"] == 2
+    # A finish leaves no row to ask: after errors the server answered (each
+    # attempt rolled back), a row gone is another's doing, and nothing is
+    # counted; after a lost answer, gone is our finish.
+    queue.enqueue(db, "test.count", "f", lane="housekeeping")
+    gone = queue.claim(db, "w1", 300.0, ["housekeeping"])
+    db.execute("DELETE FROM jobs WHERE id = %s", (gone.id,))
+    assert w._write_retrying(gone, Done(), None, False) is False
+    assert w._write_retrying(gone, Done(), None, True) is True
+    assert w.gauge.snapshot()["done"] == 1
+
+
+def test_a_retrys_own_lost_answer_counts_even_after_a_first_error_the_server_answered(db, pool, monkeypatch):
+    # The first attempt is refused (rolled back); the first retry commits and
+    # loses its answer; the second retry matches nothing. The write was made.
+    from vpay.outcome import Done
+    queue.enqueue(db, "test.count", "f", lane="housekeeping")
+    w = _worker(pool)
+    job = queue.claim(db, "w1", 300.0, ["housekeeping"])
+    real, calls = queue.finish, []
+
+    def faulty(conn, j):
+        calls.append(j.id)
+        if len(calls) == 1:
+            raise psycopg.errors.DeadlockDetected("deadlock detected")
+        if len(calls) == 2:
+            assert real(conn, j)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return real(conn, j)
+    monkeypatch.setattr(queue, "finish", faulty)
+    kept, _ = w._apply(job, Done(), None)
+    assert len(calls) == 3 and kept is True
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+    assert w.gauge.snapshot()["done"] == 1 and w.gauge.snapshot()["lost"] == 0
 
 
 @pytest.mark.parametrize("write", ["reschedule", "retry_failed", "park"])

@@ -412,21 +412,36 @@ class Worker:
             self._hand_back(next_token)
         return self._write_retrying(job, outcome, error, lost_answer), None
 
-    @_retry_db
     def _write_retrying(self, job: queue.Job, outcome: Outcome | None, error: str | None,
                         lost_answer: bool = False) -> bool:
-        # After an attempt whose answer was lost (it may have committed), a
-        # retry that matches nothing may find the write already made by that
-        # attempt (queue.write_was_made). After an error the server answered,
-        # the attempt was rolled back: matching nothing is a lost lease.
-        with self.pool.connection() as conn:
-            kept = self._write(conn, job, outcome, error, None)[0]
-            if not kept and lost_answer and queue.write_was_made(conn, job, isinstance(outcome, Done)):
-                log.info("the outcome was recorded by the attempt whose answer was lost",
-                         extra=self._job_extra(job))
-                self.gauge.count(job.lane, self._counted_as(job, outcome))
-                kept = True
-            return kept
+        """The retrying path of ``_apply`` (``_retry_db``: up to 30 s).
+        ``lost_answer``: the first attempt's answer was lost, so it may have
+        committed. A retry that matches nothing asks the row whether one of
+        this lease's attempts made the write (``queue.write_was_made``): for
+        a reschedule, retry_failed or park the row names the lease that ended
+        it, so the answer is exact whatever the errors were; for a finish (the
+        row gone) only an attempt whose answer was lost, the first or any
+        retry, can have made it: after errors the server answered, every
+        attempt was rolled back, and matching nothing is a lost lease."""
+        lost = [lost_answer]
+
+        @_retry_db
+        def attempt() -> bool:
+            try:
+                with self.pool.connection() as conn:
+                    kept = self._write(conn, job, outcome, error, None)[0]
+                    finished = isinstance(outcome, Done)
+                    if not kept and (lost[0] or not finished) and queue.write_was_made(conn, job, finished):
+                        log.info("the outcome was recorded by an attempt whose answer was lost",
+                                 extra=self._job_extra(job))
+                        self.gauge.count(job.lane, self._counted_as(job, outcome))
+                        kept = True
+                    return kept
+            except DB_ERRORS as exc:
+                lost[0] = lost[0] or answer_lost(exc)
+                raise
+
+        return attempt()
 
     @staticmethod
     def _counted_as(job: queue.Job, outcome: Outcome | None) -> str:

@@ -191,20 +191,18 @@ def write_was_made(conn: psycopg.Connection, job: Job, finished: bool) -> bool:
     """After a lease-ending write on ``job`` whose answer was lost and whose
     retry then matched nothing: whether the row shows the lost attempt made
     it. ``finished``: the write was a finish (the row is then gone);
-    otherwise (reschedule, park, retry_failed) the row is there, leased to
-    nobody, and its ``ended_token`` is this lease's token: a row a reaper
-    freed (unleased too) is told apart, and counts as not made. A row leased
-    to someone else means the lease was taken over: not made.
+    otherwise (reschedule, park, retry_failed) the row's ``ended_token`` is
+    this lease's token, whoever holds the row now (a claim leaves
+    ``ended_token`` alone; a reaper, a hand-back or an operator's release
+    never writes it, and tokens are never reused): exact.
 
-    Exact but for two rare paths, neither touching money (handlers are
-    compare-and-swaps): a finish answers made when the row is gone because
-    our lease was reaped and another worker finished the job (the job is
-    done either way); a reschedule answers not made when it landed and the
-    job was already claimed and ended again by the time of this read."""
+    A finish leaves no row to ask: gone answers made, which is wrong only
+    when our lease was reaped and another worker finished the job (done
+    either way; handlers are compare-and-swaps, so no money moves twice)."""
     row = conn.execute(Q["job_lease"], {"id": job.id}).fetchone()
     if finished:
         return row is None
-    return row is not None and row[0] is None and row[1] == job.lease_token
+    return row is not None and row[0] == job.lease_token
 
 
 def _fenced(job: Job) -> dict[str, Any]:

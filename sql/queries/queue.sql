@@ -186,9 +186,9 @@ SELECT id FROM parked;
 
 -- name: job_lease
 -- What a job's row says after a lease-ending write whose answer was lost:
--- no row (finished), or who holds it now (NULL: nobody) and whose own write
--- last ended a lease on it (sql/0016_ended_token.sql).
-SELECT locked_by, ended_token FROM jobs WHERE id = %(id)s;
+-- no row (finished), or the lease whose holder's own write last ended a
+-- lease on it (sql/0016_ended_token.sql).
+SELECT ended_token FROM jobs WHERE id = %(id)s;
 
 -- name: renew
 -- A live worker keeps the leases it holds (every lease / 3): only a dead
