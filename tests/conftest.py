@@ -3,7 +3,8 @@
 * The server: ``VPAY_TEST_DATABASE_URL`` when set, otherwise one embedded
   Postgres (pgserver) per test run, shared by the xdist workers of that run,
   in ``$TMPDIR/vpay-test-pg-<run>`` (outside pytest's rotating basetemp),
-  deleted by the last process of the run to exit.
+  deleted by the last process of the run to exit; one a killed run left is
+  stopped and deleted by the next run (``tests/pg_orphans.py``).
 * Each xdist worker gets its own database, cloned (``CREATE DATABASE …
   TEMPLATE``) from a template migrated once per set of migration files.
 * ``db`` empties every table before a test, so tests pass in any order.
@@ -49,8 +50,30 @@ def _server_url() -> str:
 
 
 def _remove_if_emptied(root: Path) -> None:
+    """Remove the run's folder once pgserver's cleanup has deleted its data
+    (only the last process of the run finds it so)."""
     if root.is_dir() and not (root / "pgdata").exists():
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _stop_on_sigterm(signum, frame):
+    # SIGTERM (timeout(1), a CI cancel) would end the run without atexit,
+    # leaving the embedded server running; ended like Ctrl-C, it cleans up.
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config):
+    """Once per run, in the controller (or the only process), before any
+    test: remove the embedded servers earlier runs left when they were
+    killed (tests/pg_orphans.py), and end on SIGTERM the way Ctrl-C does."""
+    if hasattr(config, "workerinput"):
+        return
+    import signal
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    if not os.environ.get("VPAY_TEST_DATABASE_URL", "").strip():
+        import pg_orphans
+        pg_orphans.sweep(Path(tempfile.gettempdir()))
 
 
 def _with_db(url: str, dbname: str) -> str:

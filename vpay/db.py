@@ -73,7 +73,9 @@ def embedded_url(data_dir: str | os.PathLike, cleanup_mode: str = "stop") -> str
     The server stops when the last process that opened it exits (pgserver's
     ``cleanup_mode='stop'``; ``'delete'`` also deletes ``pgdata`` then, for
     a throwaway server such as the test suite's); a process killed with -9
-    leaves it running, and the next use reuses it.
+    leaves it running, and the next use of the same ``data_dir`` reuses it
+    (the test suite, whose every run has its own folder, sweeps such
+    left-overs instead: tests/pg_orphans.py).
     """
     import fcntl
 

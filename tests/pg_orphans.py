@@ -1,0 +1,86 @@
+"""Left-over embedded test servers: found and removed at the next run.
+
+A run killed with SIGKILL (or an xdist worker killed with its controller)
+runs no ``atexit``: its pgserver Postgres keeps running and its folder
+(``$TMPDIR/vpay-test-pg-<run>``, ~80 MB) stays, and since each run picks a
+new folder nothing would ever reuse or remove it. ``sweep`` removes the
+folders whose every user process is gone, stopping their postmaster first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+PREFIX = "vpay-test-pg-"
+STARTING_GRACE_SECONDS = 3600.0
+"""A folder with no list of user processes yet may be a run starting now:
+left alone until it is this old."""
+STOP_WAIT_SECONDS = 10.0
+"""How long a postmaster gets to stop on SIGINT (fast shutdown) before SIGKILL."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _users(folder: Path) -> list[int] | None:
+    try:
+        return [int(p) for p in json.loads((folder / "pgdata" / ".handle_pids.json").read_text())]
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _postmaster(pgdata: Path) -> int | None:
+    """The pid in ``postmaster.pid`` if that process is a postgres of this
+    folder (a reused pid of some other process is never signalled)."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return pid if "postgres" in cmdline and str(pgdata) in cmdline else None
+
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def sweep(base: Path, keep: Path | None = None) -> list[Path]:
+    """Remove every ``base/vpay-test-pg-*`` folder but ``keep`` whose user
+    processes are all gone (or that never got a list and is older than
+    ``STARTING_GRACE_SECONDS``); answer the folders removed."""
+    removed = []
+    for folder in sorted(base.glob(PREFIX + "*")):
+        if not folder.is_dir() or (keep is not None and folder.resolve() == keep.resolve()):
+            continue
+        users = _users(folder)
+        if users is None:
+            try:
+                if time.time() - folder.stat().st_mtime < STARTING_GRACE_SECONDS:
+                    continue
+            except OSError:
+                continue
+        elif any(_alive(pid) for pid in users):
+            continue
+        pid = _postmaster((folder / "pgdata").resolve())
+        if pid is not None:
+            _stop(pid)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
