@@ -41,8 +41,11 @@ at a time, so ``--threads`` up to this never waits on the pool."""
 WARM_WAIT_SECONDS = 2.0
 """How long a gunicorn worker waits, after the fork and before it accepts
 requests, for its standing connection to reach the pool. Past it the worker
-starts anyway (Postgres is down: /healthz answers 503 and the pool keeps
-trying), so a down database delays each worker's start by at most this."""
+starts anyway (Postgres is down: /healthz answers 503), so a down database
+delays each worker's start by at most this. The pool's own thread tries to
+connect for ``vpay.db.make_pool``'s 10 s reconnect timeout, then gives up
+until a request asks: the first request after a longer outage opens the
+connection itself (a probe answers 503 until Postgres is back)."""
 
 _WARM_POLL_SECONDS = 0.005
 
@@ -63,7 +66,8 @@ class Database:
         """The pool, created on first call. Opening never waits for the
         database (the pool's thread opens its one standing connection), so a
         process started while Postgres is down still serves /healthz (503)
-        and recovers when it is back."""
+        and recovers when it is back: within the pool's 10 s reconnect
+        timeout on its own, later on the first request that asks."""
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
