@@ -379,6 +379,31 @@ def test_a_retrys_own_lost_answer_counts_even_after_a_first_error_the_server_ans
     assert w.gauge.snapshot()["done"] == 1 and w.gauge.snapshot()["lost"] == 0
 
 
+def test_a_finish_whose_lease_was_lost_is_not_counted_done_after_a_pool_timeout(db, pool, monkeypatch):
+    # A checkout that timed out sent nothing: it is no lost answer. The lease
+    # was reaped and another worker finished the job meanwhile; our retry
+    # matches nothing, and that is a lost lease, not our finish.
+    from psycopg_pool import PoolTimeout
+    from vpay.loop import answer_lost
+    from vpay.outcome import Done
+    assert not answer_lost(PoolTimeout("couldn't get a connection after 30.00 sec"))
+    queue.enqueue(db, "test.count", "f", lane="housekeeping")
+    w = _worker(pool)
+    job = queue.claim(db, "w1", 300.0, ["housekeeping"])
+    real, calls = queue.finish, []
+
+    def faulty(conn, j):
+        calls.append(j.id)
+        if len(calls) == 1:
+            db.execute("DELETE FROM jobs WHERE id = %s", (j.id,))  # reaped, and finished by another
+            raise PoolTimeout("couldn't get a connection after 30.00 sec")
+        return real(conn, j)
+    monkeypatch.setattr(queue, "finish", faulty)
+    kept, _ = w._apply(job, Done(), None)
+    assert len(calls) == 2 and kept is False
+    assert w.gauge.snapshot()["done"] == 0
+
+
 @pytest.mark.parametrize("write", ["reschedule", "retry_failed", "park"])
 def test_a_lost_answer_whose_lease_was_reaped_meanwhile_counts_as_lost_not_kept(db, pool, write):
     # Unleased is not enough: the reaper leaves the row unleased too. The row

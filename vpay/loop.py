@@ -141,9 +141,12 @@ reaper as before (a lease)."""
 
 def answer_lost(exc: BaseException) -> bool:
     """Whether a statement that raised ``exc`` may have committed without our
-    hearing it: the server answered no SQLSTATE (the connection died, or no
-    connection was had). An error the server answered (read-only, deadlock,
-    a constraint) rolled the statement back: nothing to hand back."""
+    hearing it: the server answered no SQLSTATE (the connection died). An
+    error the server answered (read-only, deadlock, a constraint) rolled the
+    statement back, and a ``PoolTimeout`` sent nothing: no connection was
+    had. Neither leaves anything to hand back."""
+    if isinstance(exc, PoolTimeout):
+        return False
     return getattr(exc, "sqlstate", None) is None
 
 
@@ -418,28 +421,31 @@ class Worker:
         ``lost_answer``: the first attempt's answer was lost, so it may have
         committed. A retry that matches nothing asks the row whether one of
         this lease's attempts made the write (``queue.write_was_made``): for
-        a reschedule, retry_failed or park the row names the lease that ended
-        it, so the answer is exact whatever the errors were; for a finish (the
-        row gone) only an attempt whose answer was lost, the first or any
-        retry, can have made it: after errors the server answered, every
-        attempt was rolled back, and matching nothing is a lost lease."""
+        a reschedule, retry_failed or park the row names the lease that last
+        ended it, whatever the errors were; for a finish (the row gone) only
+        a write whose answer was lost, the first or any retry's, can have made
+        it: after errors the server answered (or a checkout that timed out),
+        nothing committed, and matching nothing is a lost lease. Inexact in
+        the two rare paths ``write_was_made`` names, neither touching money."""
         lost = [lost_answer]
 
         @_retry_db
         def attempt() -> bool:
-            try:
-                with self.pool.connection() as conn:
+            with self.pool.connection() as conn:
+                try:
                     kept = self._write(conn, job, outcome, error, None)[0]
-                    finished = isinstance(outcome, Done)
-                    if not kept and (lost[0] or not finished) and queue.write_was_made(conn, job, finished):
-                        log.info("the outcome was recorded by an attempt whose answer was lost",
-                                 extra=self._job_extra(job))
-                        self.gauge.count(job.lane, self._counted_as(job, outcome))
-                        kept = True
-                    return kept
-            except DB_ERRORS as exc:
-                lost[0] = lost[0] or answer_lost(exc)
-                raise
+                except DB_ERRORS as exc:
+                    # Only the write's own lost answer counts: an error of
+                    # the checkout or of write_was_made's read sent no write.
+                    lost[0] = lost[0] or answer_lost(exc)
+                    raise
+                finished = isinstance(outcome, Done)
+                if not kept and (lost[0] or not finished) and queue.write_was_made(conn, job, finished):
+                    log.info("the outcome was recorded by an attempt whose answer was lost",
+                             extra=self._job_extra(job))
+                    self.gauge.count(job.lane, self._counted_as(job, outcome))
+                    kept = True
+                return kept
 
         return attempt()
 

@@ -194,11 +194,15 @@ def write_was_made(conn: psycopg.Connection, job: Job, finished: bool) -> bool:
     otherwise (reschedule, park, retry_failed) the row's ``ended_token`` is
     this lease's token, whoever holds the row now (a claim leaves
     ``ended_token`` alone; a reaper, a hand-back or an operator's release
-    never writes it, and tokens are never reused): exact.
+    never writes it, and tokens are never reused).
 
-    A finish leaves no row to ask: gone answers made, which is wrong only
-    when our lease was reaped and another worker finished the job (done
-    either way; handlers are compare-and-swaps, so no money moves twice)."""
+    Inexact in two rare paths, neither touching money (handlers are
+    compare-and-swaps): a finish answers made when the row is gone because
+    our lease was reaped and another worker finished the job (the job is
+    done either way); a reschedule, retry_failed or park answers not made
+    when it landed but the job came due and another worker ended it again
+    (finished it, or ended its own lease) before this read: a false ``lost``,
+    never a hidden one."""
     row = conn.execute(Q["job_lease"], {"id": job.id}).fetchone()
     if finished:
         return row is None
