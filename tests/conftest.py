@@ -57,15 +57,18 @@ def _remove_if_emptied(root: Path) -> None:
 
 
 def _stop_on_sigterm(signum, frame):
-    # SIGTERM (timeout(1), a CI cancel) would end the run without atexit,
-    # leaving the embedded server running; ended like Ctrl-C, it cleans up.
+    # SIGTERM (timeout(1), a CI cancel) would end the process without atexit,
+    # leaving the embedded server running; ended like Ctrl-C, a run without
+    # xdist cleans up. Under xdist the controller ends so, but its workers
+    # die without atexit: their server is left to the next run's sweep.
     raise KeyboardInterrupt
 
 
 def pytest_configure(config):
     """Once per run, in the controller (or the only process), before any
     test: remove the embedded servers earlier runs left when they were
-    killed (tests/pg_orphans.py), and end on SIGTERM the way Ctrl-C does."""
+    killed (tests/pg_orphans.py), and end this process on SIGTERM the way
+    Ctrl-C does."""
     if hasattr(config, "workerinput"):
         return
     import signal

@@ -53,32 +53,43 @@ def _postmaster(pgdata: Path) -> int | None:
 
 
 def _stop(pid: int) -> None:
-    os.kill(pid, signal.SIGINT)
-    deadline = time.monotonic() + STOP_WAIT_SECONDS
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
+    # Another run's sweep may be stopping the same orphan: a pid already gone
+    # is the goal reached, not an error.
+    try:
+        os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + STOP_WAIT_SECONDS
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def sweep(base: Path, keep: Path | None = None) -> list[Path]:
     """Remove every ``base/vpay-test-pg-*`` folder but ``keep`` whose user
-    processes are all gone (or that never got a list and is older than
-    ``STARTING_GRACE_SECONDS``); answer the folders removed."""
+    processes are all gone (or that has no readable list of them, no running
+    postmaster, and is older than ``STARTING_GRACE_SECONDS``); answer the
+    folders removed."""
     removed = []
     for folder in sorted(base.glob(PREFIX + "*")):
         if not folder.is_dir() or (keep is not None and folder.resolve() == keep.resolve()):
             continue
         users = _users(folder)
+        pid = _postmaster((folder / "pgdata").resolve())
         if users is None:
+            # No readable list: a run starting now, or pgserver rewriting the
+            # list this instant (it truncates, then writes). A running
+            # postmaster may be a live run's: never stopped on this alone.
+            if pid is not None:
+                continue
             try:
                 if time.time() - folder.stat().st_mtime < STARTING_GRACE_SECONDS:
                     continue
             except OSError:
                 continue
-        elif any(_alive(pid) for pid in users):
+        elif any(_alive(user) for user in users):
             continue
-        pid = _postmaster((folder / "pgdata").resolve())
         if pid is not None:
             _stop(pid)
         shutil.rmtree(folder, ignore_errors=True)

@@ -56,6 +56,16 @@ def test_a_killed_runs_embedded_server_is_stopped_and_removed_by_the_next_run(tm
         old = time.time() - pg_orphans.STARTING_GRACE_SECONDS - 60
         os.utime(stale, (old, old))
 
+        # A live run's list read while pgserver rewrites it (truncated, then
+        # written): unreadable, so its running postmaster is left alone.
+        users = orphan / "pgdata" / ".handle_pids.json"
+        listed = users.read_text()
+        users.write_text("")
+        os.utime(orphan, (old, old))
+        assert orphan not in pg_orphans.sweep(base, keep=stale)
+        assert pg_orphans._alive(postmaster)
+        users.write_text(listed)
+
         assert set(pg_orphans.sweep(base)) == {orphan, stale}
         wait_until(lambda: not pg_orphans._alive(postmaster), timeout=15, what="the orphan's postmaster stopped")
         assert not orphan.exists() and not stale.exists()
