@@ -16,22 +16,14 @@ import signal
 import time
 from pathlib import Path
 
+from vpay.api.exposition import pid_alive as _alive
+
 PREFIX = "vpay-test-pg-"
 STARTING_GRACE_SECONDS = 3600.0
 """A folder with no list of user processes yet may be a run starting now:
 left alone until it is this old."""
 STOP_WAIT_SECONDS = 10.0
 """How long a postmaster gets to stop on SIGINT (fast shutdown) before SIGKILL."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _users(folder: Path) -> list[int] | None:

@@ -355,9 +355,10 @@ def test_a_write_whose_answer_was_lost_is_kept_when_the_row_shows_it_made_and_on
     assert w.gauge.snapshot()["done"] == 1
 
 
-def test_a_retrys_own_lost_answer_counts_even_after_a_first_error_the_server_answered(db, pool, monkeypatch):
-    # The first attempt is refused (rolled back); the first retry commits and
-    # loses its answer; the second retry matches nothing. The write was made.
+def _finish_with_faults(db, pool, monkeypatch, faults):
+    """Claim a job, then ``_apply`` a ``Done`` whose n-th call of
+    ``queue.finish`` runs ``faults[n](conn, job, real_finish)`` (the real
+    finish from there on). Answers ``(kept, calls, worker)``."""
     from vpay.outcome import Done
     queue.enqueue(db, "test.count", "f", lane="housekeeping")
     w = _worker(pool)
@@ -366,14 +367,24 @@ def test_a_retrys_own_lost_answer_counts_even_after_a_first_error_the_server_ans
 
     def faulty(conn, j):
         calls.append(j.id)
-        if len(calls) == 1:
-            raise psycopg.errors.DeadlockDetected("deadlock detected")
-        if len(calls) == 2:
-            assert real(conn, j)
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        if len(calls) <= len(faults):
+            return faults[len(calls) - 1](conn, j, real)
         return real(conn, j)
     monkeypatch.setattr(queue, "finish", faulty)
     kept, _ = w._apply(job, Done(), None)
+    return kept, calls, w
+
+
+def test_a_retrys_own_lost_answer_counts_even_after_a_first_error_the_server_answered(db, pool, monkeypatch):
+    # The first attempt is refused (rolled back); the first retry commits and
+    # loses its answer; the second retry matches nothing. The write was made.
+    def refused(conn, j, real):
+        raise psycopg.errors.DeadlockDetected("deadlock detected")
+
+    def committed_then_cut(conn, j, real):
+        assert real(conn, j)
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+    kept, calls, w = _finish_with_faults(db, pool, monkeypatch, [refused, committed_then_cut])
     assert len(calls) == 3 and kept is True
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
     assert w.gauge.snapshot()["done"] == 1 and w.gauge.snapshot()["lost"] == 0
@@ -385,21 +396,12 @@ def test_a_finish_whose_lease_was_lost_is_not_counted_done_after_a_pool_timeout(
     # matches nothing, and that is a lost lease, not our finish.
     from psycopg_pool import PoolTimeout
     from vpay.loop import answer_lost
-    from vpay.outcome import Done
     assert not answer_lost(PoolTimeout("couldn't get a connection after 30.00 sec"))
-    queue.enqueue(db, "test.count", "f", lane="housekeeping")
-    w = _worker(pool)
-    job = queue.claim(db, "w1", 300.0, ["housekeeping"])
-    real, calls = queue.finish, []
 
-    def faulty(conn, j):
-        calls.append(j.id)
-        if len(calls) == 1:
-            db.execute("DELETE FROM jobs WHERE id = %s", (j.id,))  # reaped, and finished by another
-            raise PoolTimeout("couldn't get a connection after 30.00 sec")
-        return real(conn, j)
-    monkeypatch.setattr(queue, "finish", faulty)
-    kept, _ = w._apply(job, Done(), None)
+    def finished_elsewhere_then_timed_out(conn, j, real):
+        db.execute("DELETE FROM jobs WHERE id = %s", (j.id,))  # reaped, and finished by another
+        raise PoolTimeout("couldn't get a connection after 30.00 sec")
+    kept, calls, w = _finish_with_faults(db, pool, monkeypatch, [finished_elsewhere_then_timed_out])
     assert len(calls) == 2 and kept is False
     assert w.gauge.snapshot()["done"] == 0
 

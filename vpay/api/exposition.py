@@ -58,12 +58,15 @@ def _remove_orphans() -> None:
         if not name.startswith(PREFIX):
             continue
         pid = name[len(PREFIX):].partition("-")[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (signal 0; a process of
+    another user counts as alive). Also used by the test harness's sweep of
+    left-over embedded servers (tests/pg_orphans.py)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
