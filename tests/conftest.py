@@ -59,20 +59,23 @@ def _remove_if_emptied(root: Path) -> None:
 def _stop_on_sigterm(signum, frame):
     # SIGTERM (timeout(1), a CI cancel) would end the process without atexit,
     # leaving the embedded server running; ended like Ctrl-C, a run without
-    # xdist cleans up. Under xdist the controller ends so, but its workers
-    # die without atexit: their server is left to the next run's sweep.
+    # xdist cleans up. Under xdist SIGTERM keeps its default (the run dies at
+    # once) and the workers' server is left to the next run's sweep.
     raise KeyboardInterrupt
 
 
 def pytest_configure(config):
     """Once per run, in the controller (or the only process), before any
     test: remove the embedded servers earlier runs left when they were
-    killed (tests/pg_orphans.py), and end this process on SIGTERM the way
-    Ctrl-C does."""
+    killed (tests/pg_orphans.py), and, without xdist, end on SIGTERM the
+    way Ctrl-C does."""
     if hasattr(config, "workerinput"):
         return
     import signal
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    # Not under xdist: a KeyboardInterrupt raised in its controller did not
+    # stop the run (the workers went on), where SIGTERM's default does.
+    xdist = bool(getattr(config.option, "numprocesses", None))
+    if not xdist and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
     if not os.environ.get("VPAY_TEST_DATABASE_URL", "").strip():
         import pg_orphans
