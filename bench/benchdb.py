@@ -20,14 +20,14 @@ HERE = Path(__file__).resolve().parent
 
 def server() -> str:
     """The libpq URL of the server the bench runs on."""
-    from vpay.db import database_url
+    from vpay.base.db import database_url
     os.environ.setdefault("VPAY_DATA_DIR", str(HERE.parent / ".vpay-bench"))
     return database_url()
 
 
 def fresh(server_url: str, name: str, extra_sql: str | None = None) -> str:
     """A new database ``name`` on ``server_url``, migrated; answers its URL."""
-    from vpay.db import migrate
+    from vpay.base.db import migrate
     admin = psycopg.conninfo.make_conninfo(server_url, dbname="postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -58,9 +58,10 @@ def _rail_env(rail) -> dict[str, str]:
 
 
 def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
-    from vpay import payments, webhooks
-    from vpay.db import make_pool
-    from vpay.merchants import create_merchant
+    from vpay.money import payments
+    from vpay import webhooks
+    from vpay.base.db import make_pool
+    from vpay.money.merchants import create_merchant
     from vpay.rails.mtn import MtnMomo
     from vpay.sandbox.mtn import SandboxRail
 

@@ -35,7 +35,7 @@ BATCHES = (2_000, 9_000, 12_000, 32_000)
 def pages_per_claim(conn) -> int:
     """Shared buffers one ``claim_lane`` with nothing to finish touches (the
     top plan node's)."""
-    from vpay.queries import Q
+    from vpay.base.queries import Q
     text = Q["claim_lane"].replace("%(worker)s", "'bench'").replace("%(lease)s", "300") \
                           .replace("%(lane)s", "'housekeeping'") \
                           .replace("%(id)s", "NULL").replace("%(token)s", "NULL") \
@@ -49,7 +49,7 @@ def pages_per_claim(conn) -> int:
 
 def finish(conn, n: int) -> None:
     """Claim and finish ``n`` jobs as a busy claim loop does."""
-    from vpay import queue
+    from vpay.engine import queue
     job = None
     for _ in range(n):
         if job is None:
@@ -61,7 +61,7 @@ def finish(conn, n: int) -> None:
 
 
 def run(server: str, distinct: bool) -> None:
-    from vpay.queries import Q
+    from vpay.base.queries import Q
     url = peers.vpay_db(server, "vpay_bench_claim_pages")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ALTER TABLE jobs SET (autovacuum_enabled = false)")

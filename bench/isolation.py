@@ -115,14 +115,14 @@ def _pct(values: list[float], p: float) -> float:
 
 def _payment(conn, merchant: str, rail: str = "mtn", currency: str = "EUR", amount: int = 1000,
              payer: str = "256770000001") -> dict:
-    from vpay import money
-    created = money.create_payment(conn, merchant_id=merchant, amount=amount, currency=currency,
+    from vpay.money import charges
+    created = charges.create_payment(conn, merchant_id=merchant, amount=amount, currency=currency,
                                    rail=rail, payer=payer)
     if rail == "orange":
-        money.record_submission(conn, created.charge["id"],
+        charges.record_submission(conn, created.charge["id"],
                                 {"pay_token": "pt_" + created.charge["id"],
                                  "payment_url": "https://pay.example/p"}, "nt")
-    money.mark_submitted(conn, created.charge["id"])
+    charges.mark_submitted(conn, created.charge["id"])
     return created.charge
 
 
@@ -139,7 +139,8 @@ def main() -> None:
                     help="seconds between two /healthz probes (one prober: a probe waits for the last)")
     args = ap.parse_args()
 
-    from vpay import merchants, webhooks
+    from vpay.money import merchants
+    from vpay import webhooks
 
     url = fresh(benchdb.server(), "vpay_bench_isolation", LATENESS_TRIGGER)
     load_start = os.getloadavg()[0]

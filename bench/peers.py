@@ -107,7 +107,7 @@ def pct(values, q):
 # ---- databases ---------------------------------------------------------------
 
 def embedded_server() -> str:
-    from vpay.db import embedded_url
+    from vpay.base.db import embedded_url
     return embedded_url(os.environ.get("VPAY_BENCH_DATA_DIR", str(HERE.parent / ".vpay-bench")))
 
 
@@ -120,7 +120,7 @@ def fresh(server: str, name: str) -> str:
 
 
 def vpay_db(server: str, name: str) -> str:
-    from vpay.db import migrate
+    from vpay.base.db import migrate
     url = fresh(server, name)
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
@@ -165,7 +165,7 @@ def vpay_lanes_flag() -> list[str]:
     """``--queues housekeeping`` once lanes exist: the test kinds' lane, so
     all five loops serve it."""
     try:
-        import vpay.lanes  # noqa: F401
+        import vpay.engine.lanes  # noqa: F401
     except ImportError:
         return []
     return ["--queues", "housekeeping"]
@@ -303,7 +303,7 @@ def pgbench_script(lanes: bool, combined: bool) -> str:
     transaction of a client finishes nothing). Otherwise two statements:
     ``claim_lane`` with nothing to finish (id and token NULL), then
     ``finish``."""
-    from vpay.queries import Q
+    from vpay.base.queries import Q
     subst = {"%(worker)s": "'pgbench'", "%(lease)s": "300", "%(lane)s": "'housekeeping'",
              "%(id)s": ":id", "%(token)s": ":lease_token",
              # vpay's loop sends a uuid4 of its own; pgbench has none to send

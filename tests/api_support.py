@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from support import Proc, base_env, script, wait_until
-from vpay import merchants, money
+from vpay.money import merchants, charges
 from vpay.sandbox.mtn import DEFAULT_API_KEY, DEFAULT_API_USER, DEFAULT_SUBSCRIPTION_KEY, SandboxRail
 
 MERCHANT = "shop-1"
@@ -118,7 +118,7 @@ def charge_of(conn: psycopg.Connection, intent_id: str) -> dict:
 def make_payment(conn: psycopg.Connection, merchant_id: str = MERCHANT, payer: str = "256770000001") -> dict:
     """A payment written straight by the state machine (no rail call): the charge row."""
     merchants.create_merchant(conn, merchant_id, merchant_id)
-    created = money.create_payment(conn, merchant_id=merchant_id, amount=1000, currency="EUR",
+    created = charges.create_payment(conn, merchant_id=merchant_id, amount=1000, currency="EUR",
                                    rail="mtn", payer=payer)
     return created.charge
 

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from vpay import db as vdb
+from vpay.base import db as vdb
 
 TABLES = ("settlement_evidence", "statement_lines", "statements", "alerts", "events", "jobs", "refunds", "charges", "payment_intents", "webhook_endpoints", "merchants")
 _RUN = uuid.uuid4().hex[:8]
@@ -163,6 +163,6 @@ def sandbox():
 
 @pytest.fixture
 def merchant(db) -> str:
-    from vpay.merchants import create_merchant
+    from vpay.money.merchants import create_merchant
     create_merchant(db, "m_test", "Test merchant")
     return "m_test"

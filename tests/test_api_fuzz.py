@@ -18,7 +18,7 @@ from falcon import testing
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from api_support import MERCHANT, OTHER, make_payment, mtn_env, new_key, snapshot
-from vpay import money
+from vpay.money import charges
 from vpay.api.app import create_app
 from vpay.api.openapi import DOCUMENT
 from vpay.rails.port import StatusKind
@@ -143,7 +143,7 @@ def test_fuzzed_callbacks_never_fail_and_write_only_poll_jobs_of_named_charges(c
     new_key(db)
     charges = {state: make_payment(db, payer=f"2567700003{i:02d}") for i, state in
                enumerate(("parked", "leased", "dead", "terminal"))}
-    money.settle(db, charges["terminal"]["id"], StatusKind.SUCCEEDED)
+    charges.settle(db, charges["terminal"]["id"], StatusKind.SUCCEEDED)
     known = {c["id"]: c["rail_reference"] for c in charges.values()}
     references = list(known.values())
 

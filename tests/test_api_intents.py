@@ -15,10 +15,10 @@ from falcon import testing
 from api_support import (MERCHANT, OTHER, api_stack, charge_of, mtn_env, new_key, snapshot,  # noqa: F401
                          stack)
 from support import base_env, script
-from vpay import merchants, money
+from vpay.money import merchants, charges
 from vpay.api.app import create_app
 from vpay.api.intents import parse_new_payment
-from vpay.queries import Q
+from vpay.base.queries import Q
 from vpay.rails import build_rail
 from vpay.rails.port import RailError
 from vpay.sandbox.mtn import SandboxRail
@@ -268,7 +268,7 @@ def test_a_stale_attempt_that_never_committed_is_created_under_its_chosen_id(loc
 def test_a_stale_attempt_that_committed_is_answered_from_its_intent_not_created_twice(local, db):
     client, rail = local
     key = new_key(db)
-    created = money.create_payment(db, merchant_id=MERCHANT, amount=1500, currency="EUR", rail="mtn",
+    created = charges.create_payment(db, merchant_id=MERCHANT, amount=1500, currency="EUR", rail="mtn",
                                    payer="256770000001", intent_id="pi_committedbeforecrash01")
     _in_progress(db, "k3", created.intent["id"], "10 minutes")
     resp = _post(client, key, "k3")

@@ -22,8 +22,9 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from support import TimeMachine, base_env, rail_env, wait_until
-from vpay import payments, queue
-from vpay.lanes import lane_for
+from vpay.money import payments
+from vpay.engine import queue
+from vpay.engine.lanes import lane_for
 from vpay.rails.mtn import MtnMomo
 
 pytestmark = pytest.mark.slow
@@ -320,9 +321,9 @@ def test_a_job_that_kills_its_worker_every_time_is_parked_with_an_alert(db, db_u
 
 def _in_process_worker(pool, wid="w-loop", concurrency=1):
     from vpay import handlers
-    from vpay.loop import Worker, WorkerConfig
-    from vpay.sdnotify import Notifier
-    from vpay.signals import ShutdownSignals
+    from vpay.worker.loop import Worker, WorkerConfig
+    from vpay.worker.sdnotify import Notifier
+    from vpay.worker.signals import ShutdownSignals
     ctx = handlers.Context(pool=pool, worker_id=wid)
     return Worker(pool, ctx, WorkerConfig(worker_id=wid, concurrency=concurrency, idle_sleep=0.1),
                   ShutdownSignals(), Notifier(None))
@@ -344,7 +345,7 @@ def test_an_answer_that_is_not_an_outcome_leaves_the_lease_to_the_reaper(db, poo
 
 def test_a_claim_loop_that_dies_never_ends_in_a_clean_drain(db, pool, monkeypatch):
     from vpay import handlers
-    from vpay.signals import Drain
+    from vpay.worker.signals import Drain
 
     def escapes(job, ctx):
         raise SystemExit(5)  # a BaseException: no handler error path catches it

@@ -16,8 +16,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from vpay import db as vdb, fairness, money, queue, refunds
-from vpay.merchants import create_merchant
+from vpay.base import db as vdb
+from vpay.engine import fairness, queue
+from vpay.money import charges, refunds
+from vpay.money.merchants import create_merchant
 from vpay.webhooks.endpoints import add_endpoint
 
 # Aging (ROUND_AGE_SECONDS) is tested on its own below; these jobs are tens of
@@ -33,9 +35,9 @@ def _merchants(db, *names: str) -> None:
 def _poll(db, merchant: str, ago: float, rail: str = "mtn") -> str:
     """A submitted charge of ``merchant`` whose poll fell due ``ago`` seconds
     ago; answers the poll's dedupe key."""
-    created = money.create_payment(db, merchant_id=merchant, amount=1000, currency="EUR", rail=rail,
+    created = charges.create_payment(db, merchant_id=merchant, amount=1000, currency="EUR", rail=rail,
                                    payer="256770000001")
-    money.mark_submitted(db, created.charge["id"])
+    charges.mark_submitted(db, created.charge["id"])
     key = f"poll:{created.charge['id']}"
     db.execute("UPDATE jobs SET run_at = now() - make_interval(secs => %s) WHERE dedupe_key = %s",
                (ago, key))
@@ -58,7 +60,7 @@ def _rounds(db) -> dict[str, int]:
 
 
 def test_every_insert_path_records_the_merchant_a_job_works_for(db):
-    from vpay.queries import Q
+    from vpay.base.queries import Q
     _merchants(db, "m_a", "m_b")
     add_endpoint(db, "m_b", "https://example.com/hook", resolver=lambda host, port: ["93.184.216.34"])
     poll = _poll(db, "m_a", ago=0)  # the poll born with the charge
@@ -130,7 +132,7 @@ def test_a_burst_of_callbacks_pulling_polls_forward_is_queued_in_rounds_too(db):
     # ahead of C's poll that fell due just before them. The merchant comes
     # with the job from its insert, so the claim side is fair whatever moved
     # run_at.
-    from vpay.queries import Q
+    from vpay.base.queries import Q
     _merchants(db, "m_s", "m_c")
     s = [_poll(db, "m_s", ago=-3600) for _ in range(10)]
     c = _poll(db, "m_c", ago=0.5)
@@ -271,7 +273,7 @@ def test_a_loop_that_shares_lanes_reads_only_the_head_of_a_placed_backlog(db):
     # Found in review: claim_lanes sorted every placed row of its lanes on
     # every claim (100k placed: 20-30 ms a claim, 23 jobs/s).
     import re
-    from vpay.queries import Q
+    from vpay.base.queries import Q
     _bulk(db, "S", 20_000)
     REBALANCE.rebalance(db, "mtn")
     db.execute("VACUUM ANALYZE jobs")
@@ -334,7 +336,7 @@ def test_loops_that_share_lanes_claim_by_rounds_too(db):
 
 
 def test_claims_read_the_fair_indexes(db):
-    from vpay.queries import Q
+    from vpay.base.queries import Q
     db.execute("SET enable_seqscan = off")
     try:
         one = "\n".join(r[0] for r in db.execute(
@@ -367,7 +369,7 @@ def test_the_migration_records_the_merchant_of_jobs_already_queued(db_url):
                 for _n, text in before:
                     conn.execute(text)
             create_merchant(conn, "m_old")
-            created = money.create_payment(conn, merchant_id="m_old", amount=500, currency="EUR",
+            created = charges.create_payment(conn, merchant_id="m_old", amount=500, currency="EUR",
                                            rail="mtn", payer="256770000001")
             conn.execute("INSERT INTO jobs (kind, lane, dedupe_key) VALUES ('scan', 'housekeeping', 'scan:1')")
             [(text,)] = [(t,) for n, t in files if n.startswith("0015")]

@@ -43,7 +43,7 @@ def test_a_killed_runs_embedded_server_is_stopped_and_removed_by_the_next_run(tm
     try:
         orphan = base / "vpay-test-pg-orphan"
         killed = subprocess.run([sys.executable, "-c",
-                                 "import os, sys; from vpay.db import embedded_url; "
+                                 "import os, sys; from vpay.base.db import embedded_url; "
                                  "embedded_url(sys.argv[1], 'delete'); os.kill(os.getpid(), 9)", str(orphan)],
                                 timeout=120)
         assert killed.returncode == -signal.SIGKILL

@@ -22,7 +22,7 @@ from api_support import free_port, new_key
 from rail_stub import HangingRail, MomoStub
 from support import base_env, wait_until
 from test_webhooks import Receiver, Reply, endpoint, make_payment as bare_payment, settle, worker_env
-from vpay import money
+from vpay.money import charges
 from vpay.rails.mtn import MtnMomo
 from vpay.rails.port import ChargeRequest, StatusKind
 
@@ -38,9 +38,9 @@ def stub():
 
 def _charge(db, merchant: str, payer: str) -> dict:
     """A submitted MoMo charge of 10.00 EUR whose poll job is parked an hour out."""
-    created = money.create_payment(db, merchant_id=merchant, amount=1000, currency="EUR", rail="mtn",
+    created = charges.create_payment(db, merchant_id=merchant, amount=1000, currency="EUR", rail="mtn",
                                    payer=payer)
-    money.mark_submitted(db, created.charge["id"])
+    charges.mark_submitted(db, created.charge["id"])
     db.execute("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE dedupe_key = %s",
                (f"poll:{created.charge['id']}",))
     return created.charge
@@ -208,7 +208,7 @@ def test_the_api_answers_health_callbacks_and_reads_while_the_rail_hangs(db, db_
                 return False
         wait_until(healthy, timeout=30, what="the API")
         key = new_key(db)
-        existing = money.create_payment(db, merchant_id="shop-1", amount=1000, currency="EUR", rail="mtn",
+        existing = charges.create_payment(db, merchant_id="shop-1", amount=1000, currency="EUR", rail="mtn",
                                         payer="256770000051")
         headers = {"Authorization": f"Bearer {key}"}
         body = {"amount": 1500, "currency": "EUR", "payment_method": {"type": "mtn_momo", "msisdn": "256770000052"}}

@@ -18,8 +18,9 @@ import psycopg
 import pytest
 
 from support import base_env, script, wait_until
-from vpay import metrics, vacuum
-from vpay.db import ConfigError
+from vpay.base import metrics
+from vpay.engine import vacuum
+from vpay.base.db import ConfigError
 
 EVERY = 20
 

@@ -16,10 +16,13 @@ import pytest
 from psycopg import sql
 
 from support import ConnCounter, TimeMachine, base_env, rail_env, script, wait_until
-from vpay import db as vdb, handlers, money, payments, queue, refunds, webhooks
-from vpay.ids import new_id, new_rail_reference
-from vpay.merchants import create_merchant
-from vpay.money import StatusKind
+from vpay.base import db as vdb
+from vpay import handlers, webhooks
+from vpay.money import charges, payments, refunds
+from vpay.engine import queue
+from vpay.money.ids import new_id, new_rail_reference
+from vpay.money.merchants import create_merchant
+from vpay.money.charges import StatusKind
 from vpay.rails.mtn import MtnMomo
 
 
@@ -28,7 +31,7 @@ def _lane(db, key):
 
 
 def _charge_on(db, merchant, rail, status="pending"):
-    created = money.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail=rail,
+    created = charges.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail=rail,
                                    payer="256770000001" if rail == "mtn" else "237690000001")
     return created.charge
 
@@ -40,7 +43,7 @@ def test_every_kind_is_born_in_its_lane(db, pool, merchant):
     # an endpoint, so events get their fan-out job (none without: docs/webhooks.md)
     webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     mtn, orange = _charge_on(db, merchant, "mtn"), _charge_on(db, merchant, "orange")
-    # poll: born with the charge (money.create_payment)
+    # poll: born with the charge (charges.create_payment)
     assert _lane(db, f"poll:{mtn['id']}") == "mtn"
     assert _lane(db, f"poll:{orange['id']}") == "orange"
     # fanout: born with the event, in the same transaction
@@ -62,7 +65,7 @@ def test_every_kind_is_born_in_its_lane(db, pool, merchant):
 def test_refund_poll_is_born_in_its_rail_lane(db, merchant):
     for rail in ("mtn", "orange"):
         charge = _charge_on(db, merchant, rail)
-        assert money.settle(db, charge["id"], StatusKind.SUCCEEDED).transitioned
+        assert charges.settle(db, charge["id"], StatusKind.SUCCEEDED).transitioned
         refund = refunds.create_refund(db, charge_id=charge["id"], amount=100)
         assert _lane(db, f"refund_poll:{refund['id']}") == rail
 
@@ -80,7 +83,7 @@ def test_the_scan_backstop_puts_each_poll_in_its_charges_rail_lane(db, merchant)
 def test_fanout_puts_deliveries_in_the_webhooks_lane(db, merchant):
     webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     charge = _charge_on(db, merchant, "mtn")
-    assert money.settle(db, charge["id"], StatusKind.SUCCEEDED).transitioned
+    assert charges.settle(db, charge["id"], StatusKind.SUCCEEDED).transitioned
     for event_id, in db.execute("SELECT payload ->> 'event_id' FROM jobs WHERE kind = 'fanout'").fetchall():
         db.execute(queue.Q["fanout_deliveries"], {"event_id": event_id})
     lanes = db.execute("SELECT lane, count(*) FROM jobs WHERE kind = 'deliver' GROUP BY 1").fetchall()
@@ -88,7 +91,7 @@ def test_fanout_puts_deliveries_in_the_webhooks_lane(db, merchant):
 
 
 def test_a_rail_job_whose_charge_does_not_exist_is_refused_and_nothing_is_written(db):
-    from vpay.lanes import LaneError
+    from vpay.engine.lanes import LaneError
     with pytest.raises(LaneError):
         queue.enqueue(db, "poll", "poll:ch_missing", {"charge_id": "ch_missing"})
     with pytest.raises(LaneError):
@@ -382,7 +385,7 @@ def _pending_webhook_payment(db, merchant) -> str:
     db.execute("INSERT INTO charges (id, payment_intent_id, rail, rail_reference, payer, amount, currency) "
                "VALUES (%s, %s, 'mtn', %s, '46733123453', 900, 'EUR')", (charge_id, intent_id,
                                                                           new_rail_reference()))
-    assert money.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
+    assert charges.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
     return charge_id
 
 

@@ -11,7 +11,8 @@ import socket
 import pytest
 
 from support import TimeMachine, base_env, rail_env, wait_until
-from vpay import money, payments, queue
+from vpay.money import charges, payments
+from vpay.engine import queue
 from vpay.rails.mtn import MtnMomo
 from vpay.rails.port import StatusKind
 
@@ -244,7 +245,7 @@ def test_a_settled_charge_is_verified_once_and_never_changed(db, db_url, pool, s
     env = rail_env(sandbox)
     created = _create(pool, env, merchant)
     charge_id, ref = created["charge"]["id"], created["charge"]["rail_reference"]
-    money.settle(db, charge_id, StatusKind.SUCCEEDED)
+    charges.settle(db, charge_id, StatusKind.SUCCEEDED)
     db.execute("DELETE FROM jobs WHERE dedupe_key = %s", (f"poll:{charge_id}",))
     sandbox.set_status(ref, rail_says, "APPROVAL_REJECTED" if rail_says == "FAILED" else None)
     before = sandbox.count(method="GET", reference=ref)

@@ -1,4 +1,4 @@
-"""The gauges read from the database at scrape (vpay.metrics.DatabaseCollector,
+"""The gauges read from the database at scrape (vpay.money.gauges.DatabaseCollector,
 ``metrics_snapshot``), against a real Postgres: exact counts, zeros for what
 is absent, the short cache, and the bound (a blocked query reports
 ``vpay_database_up 0`` instead of hanging the scrape)."""
@@ -9,7 +9,9 @@ import threading
 
 import psycopg
 
-from vpay import merchants, metrics, money
+from vpay.money import merchants, charges
+from vpay.money import gauges
+from vpay.engine import lanes
 
 
 class Clock:
@@ -35,7 +37,7 @@ def test_the_gauges_count_what_the_tables_hold(db, pool):
     db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled) VALUES "
                "('we_a', 'm1', 'https://a.example/h', 'whsec_x', false), "
                "('we_b', 'm1', 'https://b.example/h', 'whsec_y', true)")
-    charges = [money.create_payment(db, merchant_id="m1", amount=1000, currency="EUR", rail="mtn",
+    charges = [charges.create_payment(db, merchant_id="m1", amount=1000, currency="EUR", rail="mtn",
                                     payer="256770000001").charge for _ in range(3)]
     db.execute("UPDATE charges SET status = 'unresolved' WHERE id = %s", (charges[0]["id"],))
     db.execute("UPDATE charges SET status = 'succeeded', settled_at = now() WHERE id = %s",
@@ -52,7 +54,7 @@ def test_the_gauges_count_what_the_tables_hold(db, pool):
                "('rail_contradiction', %s)", (charges[0]["id"], charges[1]["id"]))
     db.execute("INSERT INTO alerts (kind, acknowledged_at) VALUES ('job_dead_lettered', now())")
 
-    values = _values(metrics.DatabaseCollector(pool, lanes=metrics.LANES))
+    values = _values(gauges.DatabaseCollector(pool, lanes=lanes.LANES))
     assert values[("vpay_database_up",)] == 1
     assert values[("vpay_queue_jobs", "mtn", "dead")] == 1
     assert values[("vpay_queue_jobs", "mtn", "due")] == 1
@@ -72,14 +74,14 @@ def test_the_gauges_count_what_the_tables_hold(db, pool):
 
 def test_one_snapshot_serves_scrapes_for_a_few_seconds(db, pool):
     clock = Clock()
-    collector = metrics.DatabaseCollector(pool, lanes=metrics.LANES, clock=clock)
+    collector = gauges.DatabaseCollector(pool, lanes=lanes.LANES, clock=clock)
     assert _values(collector)[("vpay_webhook_endpoints_disabled",)] == 0
     merchants.create_merchant(db, "m1", "m1")
     db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled) VALUES "
                "('we_a', 'm1', 'https://a.example/h', 'whsec_x', false)")
-    clock.now += metrics.CACHE_SECONDS / 2
+    clock.now += gauges.CACHE_SECONDS / 2
     assert _values(collector)[("vpay_webhook_endpoints_disabled",)] == 0
-    clock.now += metrics.CACHE_SECONDS
+    clock.now += gauges.CACHE_SECONDS
     assert _values(collector)[("vpay_webhook_endpoints_disabled",)] == 1
 
 
@@ -97,7 +99,7 @@ def test_a_blocked_snapshot_gives_up_at_its_bound_and_reports_the_database_down(
     t.start()
     try:
         assert locked.wait(10)
-        values = _values(metrics.DatabaseCollector(pool, lanes=metrics.LANES))
+        values = _values(gauges.DatabaseCollector(pool, lanes=lanes.LANES))
     finally:
         release.set()
         t.join(30)

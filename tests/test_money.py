@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from hypothesis import given, strategies as st
 
-from vpay import money
+from vpay.money import charges
 from vpay.handlers.poll import poll_delay
 from vpay.rails.port import StatusKind
 
@@ -17,7 +17,7 @@ COUNT_ALL = "SELECT (SELECT count(*) FROM payment_intents), (SELECT count(*) FRO
 
 
 def _new(db, merchant, payer="256770000001"):
-    return money.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
+    return charges.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
                                 payer=payer)
 
 
@@ -52,16 +52,16 @@ def test_bad_input_raises_a_clear_error_and_writes_nothing(db, merchant, field, 
     args = dict(merchant_id=merchant, amount=1500, currency="EUR", rail="mtn", payer="256770000001",
                 description=None)
     args[field] = value
-    with pytest.raises(money.InvalidPayment) as err:
-        money.create_payment(db, **args)
+    with pytest.raises(charges.InvalidPayment) as err:
+        charges.create_payment(db, **args)
     assert err.value.param == {"merchant_id": "merchant"}.get(field, field)
     assert db.execute(COUNT_ALL).fetchone() == (0, 0, 0, 0)
 
 
 def test_settle_twice_gives_one_transition_and_one_event(db, merchant):
     created = _new(db, merchant)
-    first = money.settle(db, created.charge["id"], StatusKind.SUCCEEDED)
-    second = money.settle(db, created.charge["id"], StatusKind.SUCCEEDED)
+    first = charges.settle(db, created.charge["id"], StatusKind.SUCCEEDED)
+    second = charges.settle(db, created.charge["id"], StatusKind.SUCCEEDED)
     assert (first.transitioned, second.transitioned) == (True, False)
     assert second.status == "succeeded" and not second.contradiction
     types = [r[0] for r in db.execute("SELECT type FROM events ORDER BY created_at, id")]
@@ -76,7 +76,7 @@ def _race(db_url, charge_id, kinds):
     def run(i, kind):
         with psycopg.connect(db_url, autocommit=True) as conn:
             barrier.wait()
-            results[i] = money.settle(conn, charge_id, kind, failure_code="APPROVAL_REJECTED")
+            results[i] = charges.settle(conn, charge_id, kind, failure_code="APPROVAL_REJECTED")
 
     threads = [threading.Thread(target=run, args=(i, k)) for i, k in enumerate(kinds)]
     for t in threads:
@@ -111,18 +111,18 @@ def test_a_settle_losing_to_the_opposite_outcome_raises_a_contradiction(db, db_u
 
 def test_no_status_moves_backwards(db, merchant):
     created = _new(db, merchant)
-    money.settle(db, created.charge["id"], StatusKind.FAILED, failure_code="EXPIRED")
-    assert not money.settle(db, created.charge["id"], StatusKind.SUCCEEDED).transitioned
-    assert not money.escalate(db, created.charge["id"], horizon_seconds=0)
-    assert not money.expire_prompt(db, created.charge["id"], ttl_seconds=0)
+    charges.settle(db, created.charge["id"], StatusKind.FAILED, failure_code="EXPIRED")
+    assert not charges.settle(db, created.charge["id"], StatusKind.SUCCEEDED).transitioned
+    assert not charges.escalate(db, created.charge["id"], horizon_seconds=0)
+    assert not charges.expire_prompt(db, created.charge["id"], ttl_seconds=0)
     assert db.execute("SELECT status, failure_code FROM charges").fetchone() == ("failed", "EXPIRED")
     with pytest.raises(ValueError):
-        money.settle(db, created.charge["id"], StatusKind.PENDING)
+        charges.settle(db, created.charge["id"], StatusKind.PENDING)
 
 
 def test_settle_sets_the_failure_code_and_intent_requires_payment_method(db, merchant):
     created = _new(db, merchant)
-    assert money.settle(db, created.charge["id"], StatusKind.FAILED, failure_code="PAYER_NOT_FOUND").transitioned
+    assert charges.settle(db, created.charge["id"], StatusKind.FAILED, failure_code="PAYER_NOT_FOUND").transitioned
     assert db.execute("SELECT c.status, c.failure_code, i.status, i.next_action FROM charges c "
                       "JOIN payment_intents i ON i.id = c.payment_intent_id").fetchone() == \
         ("failed", "PAYER_NOT_FOUND", "requires_payment_method", None)

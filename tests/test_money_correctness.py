@@ -20,7 +20,7 @@ import subprocess
 import pytest
 
 from support import TimeMachine, base_env, rail_env, script, wait_until
-from vpay import payments, refunds
+from vpay.money import payments, refunds
 from vpay.rails.mtn import MtnMomo
 
 pytestmark = pytest.mark.slow
@@ -93,13 +93,13 @@ def test_a_terminal_status_with_an_unreadable_amount_settles_nothing_and_raises_
 
 
 def _paid_charge(db, pool, sandbox, merchant, env):
-    from vpay import money
+    from vpay.money import charges
     from vpay.rails.port import StatusKind
     created = _create(pool, env, merchant, amount=2500)
     charge = created["charge"]
     wait_until(lambda: (sandbox.transaction(charge["rail_reference"]) or {}).get("status") == "SUCCESSFUL",
                timeout=10, what="the collection to succeed at the rail")
-    assert money.settle(db, charge["id"], StatusKind.SUCCEEDED).transitioned
+    assert charges.settle(db, charge["id"], StatusKind.SUCCEEDED).transitioned
     db.execute("DELETE FROM jobs WHERE dedupe_key = %s", (f"poll:{charge['id']}",))
     return charge
 

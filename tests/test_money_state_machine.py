@@ -42,14 +42,15 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from conftest import TABLES
-from vpay import money, payments, queue, refunds
+from vpay.money import charges, payments, refunds
+from vpay.engine import queue
 from vpay.api.callbacks import apply_hint
 from vpay.handlers import registry
-from vpay.merchants import create_merchant
-from vpay.outcome import DeadLetter, Done, RetryAfter
-from vpay.queue import Job
+from vpay.money.merchants import create_merchant
+from vpay.engine.outcome import DeadLetter, Done, RetryAfter
+from vpay.engine.queue import Job
 from vpay.rails.port import RailStatus, StatusKind, Submit, SubmitKind
-from vpay.settings import Settings
+from vpay.base.settings import Settings
 
 pytestmark = pytest.mark.slow
 
@@ -185,7 +186,7 @@ class MoneyMachine(RuleBasedStateMachine):
         return Job(worker=worker, **rows[0]) if rows else None
 
     def _apply(self, job: Job, outcome) -> bool:
-        """The loop's write that ends the lease (``vpay.loop``), fenced."""
+        """The loop's write that ends the lease (``vpay.worker.loop``), fenced."""
         with self.pool.connection() as conn:
             if isinstance(outcome, Done):
                 return queue.finish(conn, job)
@@ -232,7 +233,7 @@ class MoneyMachine(RuleBasedStateMachine):
     @rule(target=charges, amount=st.integers(1, 5000), first=st.sampled_from(SUBMITS))
     def create_payment(self, amount, first):
         with self.pool.connection() as conn:
-            created = money.create_payment(conn, merchant_id=MERCHANT, amount=amount, currency="EUR",
+            created = charges.create_payment(conn, merchant_id=MERCHANT, amount=amount, currency="EUR",
                                            rail="mtn", payer=PAYER, prompt_ttl_seconds=TTL)
         charge = created.charge
         self.seen[charge["id"]] = "pending"

@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from api_support import api_stack, new_key, stack  # noqa: F401  (fixtures)
 from support import TimeMachine, base_env, rail_env, script, wait_until
 from test_webhooks import Receiver, Reply
-from vpay import payments, webhooks
+from vpay.money import payments
+from vpay import webhooks
 from vpay.rails.mtn import MtnMomo
 from vpay.sandbox.mtn import SandboxRail
 

@@ -10,10 +10,11 @@ import subprocess
 import pytest
 
 from support import base_env, script
-from vpay import money, queue
+from vpay.money import charges
+from vpay.engine import queue
 from vpay.handlers import Context
 from vpay.handlers.sweep import sweep
-from vpay.settings import Settings
+from vpay.base.settings import Settings
 
 
 def run(db_url: str, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -157,12 +158,12 @@ def test_alerts_list_and_ack_store_the_note_and_refuse_a_second_ack(db, db_url):
 
 
 def _payment(db, merchant: str, status: str) -> dict:
-    created = money.create_payment(db, merchant_id=merchant, amount=500, currency="EUR", rail="mtn",
+    created = charges.create_payment(db, merchant_id=merchant, amount=500, currency="EUR", rail="mtn",
                                    payer="256770000001")
     if status != "pending":
         from vpay.rails.port import StatusKind
         kind = StatusKind.SUCCEEDED if status == "succeeded" else StatusKind.FAILED
-        money.settle(db, created.charge["id"], kind, failure_code=None if status == "succeeded" else "X")
+        charges.settle(db, created.charge["id"], kind, failure_code=None if status == "succeeded" else "X")
     return created.charge
 
 

@@ -17,7 +17,7 @@ test server. Each scenario strikes while a status read is inside the rail:
   would, until the worker has seen a claim fail; then writable again.
 
 The worker's pool checks each connection on checkout and reconnects
-(vpay.db.make_pool), so after the database comes back: every charge still
+(vpay.base.db.make_pool), so after the database comes back: every charge still
 settles as the rail holds it, with one event per transition; the worker
 neither exits nor spins (its warnings stay bounded); a job whose handler
 failed on the database is run again to an outcome, and nothing is left
@@ -33,9 +33,10 @@ import psycopg
 import pytest
 
 from support import TimeMachine, base_env, rail_env, wait_until
-from vpay import db as vdb, payments
-from vpay.queue import MAX_FAILURES
-from vpay.merchants import create_merchant
+from vpay.base import db as vdb
+from vpay.money import payments
+from vpay.engine.queue import MAX_FAILURES
+from vpay.money.merchants import create_merchant
 from vpay.rails.mtn import MtnMomo
 
 pytestmark = pytest.mark.slow
@@ -153,7 +154,7 @@ def _at(line: dict) -> float:
 
 def _backoff_failures(span: float) -> int:
     """How many claims one loop can fail in ``span`` seconds of outage: it
-    waits 0.5 s after the first, doubling to 10 s (vpay.loop._claim_loop)."""
+    waits 0.5 s after the first, doubling to 10 s (vpay.worker.loop._claim_loop)."""
     failures, waited, backoff = 1, 0.0, 0.5
     while waited + backoff <= span:
         waited += backoff

@@ -19,12 +19,14 @@ from datetime import datetime, timezone
 
 import pytest
 
-from vpay import handlers, money, pollable, queue, refunds
+from vpay import handlers
+from vpay.money import charges, pollable, refunds
+from vpay.engine import queue
 from vpay.handlers import polling
-from vpay.loop import Worker, WorkerConfig
-from vpay.outcome import Done
+from vpay.worker.loop import Worker, WorkerConfig
+from vpay.engine.outcome import Done
 from vpay.rails.port import CallbackIds, ChargeRequest, RailStatus, RefundRequest, StatusKind, Submit
-from vpay.signals import ShutdownSignals
+from vpay.worker.signals import ShutdownSignals
 
 
 def _job(kind: str, payload: dict) -> queue.Job:
@@ -33,7 +35,7 @@ def _job(kind: str, payload: dict) -> queue.Job:
                      lease_token=uuid.uuid4(), worker="w1", run_at=now, created_at=now)
 
 
-@pytest.mark.parametrize("kind,described", [("poll", money.CHARGES), ("refund_poll", refunds.REFUNDS)])
+@pytest.mark.parametrize("kind,described", [("poll", charges.CHARGES), ("refund_poll", refunds.REFUNDS)])
 def test_charge_and_refund_polls_are_registrations_of_the_one_body(monkeypatch, kind, described):
     seen = []
 

@@ -9,7 +9,7 @@ import uuid
 import psycopg
 import pytest
 
-from vpay import queue
+from vpay.engine import queue
 
 
 def _age_lease(conn, job_id: int, seconds: int = 3600, lease: int = 300) -> None:

@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from support import TimeMachine, base_env, rail_env, script, wait_until
-from vpay import db as vdb, payments
+from vpay.base import db as vdb
+from vpay.money import payments
 from vpay.rails.mtn import MtnMomo
 
 pytestmark = pytest.mark.slow

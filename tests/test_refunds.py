@@ -19,11 +19,13 @@ from standardwebhooks.webhooks import Webhook
 
 from support import TimeMachine, base_env, rail_env, script, wait_until
 from test_webhooks import Receiver
-from vpay import money, payments, queue, refunds, webhooks
-from vpay.ids import new_id, new_rail_reference
+from vpay.money import charges, payments, refunds
+from vpay.engine import queue
+from vpay import webhooks
+from vpay.money.ids import new_id, new_rail_reference
 from vpay.rails.mtn import MtnMomo
 from vpay.rails.port import StatusKind
-from vpay.refunds import InvalidRefund
+from vpay.money.refunds import InvalidRefund
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +50,7 @@ def _paid(db, pool, sandbox, merchant, payer=PAYER, amount=2500) -> dict:
     charge = created["charge"]
     wait_until(lambda: (sandbox.transaction(charge["rail_reference"]) or {}).get("status") == "SUCCESSFUL",
                timeout=10, what="the collection to succeed at the rail")
-    assert money.settle(db, charge["id"], StatusKind.SUCCEEDED).transitioned
+    assert charges.settle(db, charge["id"], StatusKind.SUCCEEDED).transitioned
     db.execute("DELETE FROM jobs WHERE dedupe_key = %s", (f"poll:{charge['id']}",))
     return charge
 
@@ -62,7 +64,7 @@ def _succeeded_charge(db, merchant, amount=2500) -> str:
     db.execute("INSERT INTO charges (id, payment_intent_id, rail, rail_reference, payer, amount, currency) "
                "VALUES (%s, %s, 'mtn', %s, %s, %s, 'EUR')",
                (charge_id, intent_id, new_rail_reference(), PAYER, amount))
-    assert money.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
+    assert charges.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
     return charge_id
 
 
@@ -216,7 +218,7 @@ def test_over_refund_and_refund_of_a_charge_not_succeeded_are_errors_that_write_
                                          currency="EUR", rail="mtn", payer=OTHER)["charge"]
     declined = payments.create_and_submit(pool, _adapter(sandbox), merchant_id=merchant, amount=900,
                                           currency="EUR", rail="mtn", payer=DECLINE)["charge"]
-    money.settle(db, declined["id"], StatusKind.FAILED, failure_code="APPROVAL_REJECTED")
+    charges.settle(db, declined["id"], StatusKind.FAILED, failure_code="APPROVAL_REJECTED")
     before = _counts(db)
     for charge_id, amount, code in ((pending["id"], None, "charge_not_succeeded"),
                                     (declined["id"], 100, "charge_not_succeeded"),

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from support import base_env, rail_env, wait_until
-from vpay import payments
+from vpay.money import payments
 from vpay.rails.mtn import MtnMomo
 
 pytestmark = pytest.mark.slow

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from support import base_env, rail_env, script, wait_until
-from vpay import handlers, payments, refunds
-from vpay.ids import new_rail_reference
-from vpay.loop import Worker, WorkerConfig
+from vpay import handlers
+from vpay.money import payments, refunds
+from vpay.money.ids import new_rail_reference
+from vpay.worker.loop import Worker, WorkerConfig
 from vpay.rails.mtn import MtnMomo
 from vpay.rails.port import ChargeRequest, SubmitKind
 from vpay.sandbox import statement
-from vpay.signals import ShutdownSignals
+from vpay.worker.signals import ShutdownSignals
 from vpay.statements import reader
 
 pytestmark = pytest.mark.slow
@@ -69,7 +70,7 @@ class Ledger:
         first), and the webhook fan-outs they make, until nothing is due."""
         self.db.execute("UPDATE jobs SET run_at = now() WHERE kind IN ('poll', 'refund_poll') "
                         "AND locked_at IS NULL AND run_at <> 'infinity'")
-        from vpay import queue
+        from vpay.engine import queue
         for _ in range(500):
             job = queue.claim(self.db, "t-statements")
             if job is None:
@@ -530,10 +531,10 @@ def test_charges_resolve_only_what_a_person_was_asked_to_and_only_on_evidence(le
 def test_an_orange_statement_names_charges_by_order_id(db, merchant):
     """Orange's statement carries the order_id we sent (the first 30 hex
     digits of the charge's reference), in whole XOF: matched and settled by it."""
-    from vpay import money
+    from vpay.money import charges
     from vpay.rails.orange import order_id_for
     from vpay.statements import importer, profiles
-    created = money.create_payment(db, merchant_id=merchant, amount=1500, currency="XOF", rail="orange",
+    created = charges.create_payment(db, merchant_id=merchant, amount=1500, currency="XOF", rail="orange",
                                    payer="2250700000001")
     charge = created.charge
     order_id = order_id_for(charge["rail_reference"])

@@ -14,8 +14,10 @@ import psycopg
 import pytest
 
 from support import base_env, wait_until
-from vpay import money, queue, webhooks
-from vpay.wake import Listener, Waker
+from vpay.money import charges
+from vpay.engine import queue
+from vpay import webhooks
+from vpay.engine.wake import Listener, Waker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from pgcount import CountingProxy  # noqa: E402
@@ -158,7 +160,7 @@ def _fanouts(db):
 
 
 def test_no_fanout_job_for_an_event_whose_merchant_has_no_enabled_endpoint(db, merchant):
-    plain = money.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
+    plain = charges.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
                                  payer="256770000001")
     events = db.execute("SELECT id FROM events WHERE payment_intent_id = %s",
                         (plain.intent["id"],)).fetchall()
@@ -167,12 +169,12 @@ def test_no_fanout_job_for_an_event_whose_merchant_has_no_enabled_endpoint(db, m
     # a disabled endpoint receives nothing either
     endpoint = webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     db.execute("UPDATE webhook_endpoints SET enabled = false")
-    money.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
+    charges.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
                          payer="256770000002")
     assert _fanouts(db) == []
     # enabled: the next event is born with its fan-out job, in the webhooks lane
     db.execute("UPDATE webhook_endpoints SET enabled = true")
-    hooked = money.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
+    hooked = charges.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
                                   payer="256770000003")
     event_id = db.execute("SELECT id FROM events WHERE payment_intent_id = %s",
                           (hooked.intent["id"],)).fetchone()[0]

@@ -25,13 +25,15 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from support import ConnCounter, base_env, script, wait_until
-from vpay import handlers, merchants, money, queue, webhooks
+from vpay import handlers, webhooks
+from vpay.money import merchants, charges
+from vpay.engine import queue
 from vpay.webhooks import policy as _policy  # noqa: F401 (monkeypatched)
-from vpay.db import ConfigError
-from vpay.ids import new_id, new_rail_reference
-from vpay.loop import Worker, WorkerConfig
+from vpay.base.db import ConfigError
+from vpay.money.ids import new_id, new_rail_reference
+from vpay.worker.loop import Worker, WorkerConfig
 from vpay.rails.port import StatusKind
-from vpay.signals import ShutdownSignals
+from vpay.worker.signals import ShutdownSignals
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -163,7 +165,7 @@ def make_payment(db, merchant: str, amount: int = 1050) -> str:
 
 def settle(db, charge_id: str) -> str:
     """Settle the charge as succeeded (event + fanout job); answer the event id."""
-    assert money.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
+    assert charges.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
     return db.execute("SELECT e.id FROM events e JOIN charges c ON c.payment_intent_id = "
                       "e.payment_intent_id WHERE c.id = %s AND e.type = 'payment_intent.succeeded'",
                       (charge_id,)).fetchone()[0]

@@ -11,9 +11,10 @@ import pytest
 from psycopg import sql
 
 from support import ConnCounter, base_env, script, wait_until
-from vpay import handlers, queue
-from vpay.loop import Worker, WorkerConfig
-from vpay.signals import ShutdownSignals
+from vpay import handlers
+from vpay.engine import queue
+from vpay.worker.loop import Worker, WorkerConfig
+from vpay.worker.signals import ShutdownSignals
 
 
 def _worker(pool, wid="w1", concurrency=1) -> Worker:
@@ -119,7 +120,7 @@ def test_migrate_twice_and_concurrently_leaves_one_schema(fresh_db):
     assert all(rc == 0 for rc, _, _ in results), results
     applied_counts = sorted(len(__import__("json").loads(out.strip().splitlines()[-1])["applied"])
                             for _, out, _ in results)
-    from vpay.db import migration_files
+    from vpay.base.db import migration_files
     assert applied_counts == [0, 0, len(migration_files())]
     tables, applied = _schema(fresh_db)
     assert {"jobs", "charges", "payment_intents", "events", "webhook_endpoints", "alerts",
@@ -183,10 +184,10 @@ def test_a_rail_base_url_with_a_space_refuses_the_worker_at_boot():
 
 
 def test_a_job_whose_rail_is_not_configured_waits_and_is_never_parked(db, pool, merchant, monkeypatch):
-    from vpay import money
+    from vpay.money import charges
     for var in [v for v in __import__("os").environ if v.startswith("VPAY_MTN_")]:
         monkeypatch.delenv(var)
-    created = money.create_payment(db, merchant_id=merchant, amount=100, currency="EUR", rail="mtn",
+    created = charges.create_payment(db, merchant_id=merchant, amount=100, currency="EUR", rail="mtn",
                                    payer="256770000001")
     db.execute("DELETE FROM jobs WHERE kind <> 'poll'")
     db.execute("UPDATE jobs SET run_at = now(), failures = %s WHERE kind = 'poll'", (queue.MAX_FAILURES - 1,))
@@ -280,7 +281,7 @@ def test_a_finish_and_claim_whose_answer_is_lost_neither_reports_lost_nor_strand
     # counted and logged as a lost lease; and the next job, claimed for this
     # live worker, is run by nobody and renewed by nobody until its lease
     # runs out and the reaper counts a failure against it.
-    from vpay import db as vdb
+    from vpay.base import db as vdb
     queue.enqueue(db, "test.noop", "a", lane="housekeeping")
     queue.enqueue(db, "test.noop", "b", lane="housekeeping")
     db.execute("UPDATE jobs SET run_at = now() - interval '1 minute' WHERE dedupe_key = 'a'")
@@ -308,7 +309,7 @@ def test_a_claim_whose_answer_is_lost_is_handed_back_by_its_token(db, db_url, te
     # plain claim commits and its answer never arrives. The claim was made
     # under a lease token the worker chose, so it is handed back by it:
     # claimable at once, not leased to a live worker that does not know it.
-    from vpay import db as vdb
+    from vpay.base import db as vdb
     queue.enqueue(db, "test.noop", "b", lane="housekeeping")
     proxy = _CutOnClaimAnswer(db_url)
     pool = vdb.make_pool(proxy.url, max_size=4)
@@ -332,7 +333,7 @@ def test_a_write_whose_answer_was_lost_is_kept_when_the_row_shows_it_made_and_on
     # The retry after an attempt that may have committed (no answer): the
     # lost attempt's reschedule is in the row, so the retry's fenced write
     # matches nothing, and the outcome counts as kept (retried), not lost.
-    from vpay.outcome import Done, RetryAfter
+    from vpay.engine.outcome import Done, RetryAfter
     queue.enqueue(db, "test.count", "r", lane="housekeeping")
     w = _worker(pool)
     job = queue.claim(db, "w1", 300.0, ["housekeeping"])
@@ -359,7 +360,7 @@ def _finish_with_faults(db, pool, monkeypatch, faults):
     """Claim a job, then ``_apply`` a ``Done`` whose n-th call of
     ``queue.finish`` runs ``faults[n](conn, job, real_finish)`` (the real
     finish from there on). Answers ``(kept, calls, worker)``."""
-    from vpay.outcome import Done
+    from vpay.engine.outcome import Done
     queue.enqueue(db, "test.count", "f", lane="housekeeping")
     w = _worker(pool)
     job = queue.claim(db, "w1", 300.0, ["housekeeping"])
@@ -395,7 +396,7 @@ def test_a_finish_whose_lease_was_lost_is_not_counted_done_after_a_pool_timeout(
     # was reaped and another worker finished the job meanwhile; our retry
     # matches nothing, and that is a lost lease, not our finish.
     from psycopg_pool import PoolTimeout
-    from vpay.loop import answer_lost
+    from vpay.worker.loop import answer_lost
     assert not answer_lost(PoolTimeout("couldn't get a connection after 30.00 sec"))
 
     def finished_elsewhere_then_timed_out(conn, j, real):
@@ -435,7 +436,7 @@ def test_a_claim_the_server_refused_is_not_handed_back(db, db_url, pool):
     # Read-only (a demoted primary): the server answered, the claim was
     # rolled back, so no token is kept to hand back (none would pile up for
     # the length of the outage).
-    from vpay.loop import answer_lost
+    from vpay.worker.loop import answer_lost
     w = _worker(pool)
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("SET default_transaction_read_only = on")
@@ -447,7 +448,7 @@ def test_a_claim_the_server_refused_is_not_handed_back(db, db_url, pool):
 
 def test_tokens_kept_while_the_database_is_away_are_bounded_and_handed_back_by_the_heartbeat(
         db, pool, monkeypatch):
-    from vpay import loop as vloop
+    from vpay.worker import loop as vloop
     queue.enqueue(db, "test.count", "s", lane="housekeeping")
     token = queue.new_lease_token()
     assert queue.claim_or_next_due(db, "w1", 300.0, ["housekeeping"], token=token)[0] is not None

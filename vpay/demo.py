@@ -79,7 +79,7 @@ def _database(server_url: str, name: str = DEMO_DB, *, owned_server: bool = Fals
     existing one is dropped first only when the demo made it (``MARK``), the
     server is the demo's own (``owned_server``: the embedded default), or
     ``reset``; otherwise ``DemoRefused``, and nothing is touched."""
-    from .db import connect, migrate
+    from vpay.base.db import connect, migrate
     admin_url = psycopg.conninfo.make_conninfo(server_url, dbname="postgres")
     with psycopg.connect(admin_url, autocommit=True) as admin:
         found = admin.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database "
@@ -187,11 +187,11 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
     scripted). Raises ``DemoRefused`` (before starting anything) when
     ``database`` exists on ``VPAY_DATABASE_URL``'s server, was not made by
     the demo, and ``reset`` is not given."""
-    from .db import database_url, make_pool
-    from .merchants import create_merchant
-    from .payments import create_and_submit
-    from .rails.mtn import MtnMomo
-    from .sandbox.mtn import SandboxRail
+    from vpay.base.db import database_url, make_pool
+    from vpay.money.merchants import create_merchant
+    from vpay.money.payments import create_and_submit
+    from vpay.rails.mtn import MtnMomo
+    from vpay.sandbox.mtn import SandboxRail
 
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
@@ -234,7 +234,7 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
             say(f"the API did not come up; see {api_log}")
             return 1
         say(f"API at {api_url} (MoMo callbacks land here), log {api_log}")
-        from .webhooks import add_endpoint
+        from vpay.webhooks import add_endpoint
         with pool.connection() as conn:
             create_merchant(conn, "demo", "Demo merchant")
             endpoint = add_endpoint(conn, "demo", receiver.url, permit_private=True)

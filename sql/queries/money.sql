@@ -95,3 +95,8 @@ SELECT 'poll', c.rail, 'poll:' || c.id, jsonb_build_object('charge_id', c.id), n
    AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.dedupe_key = 'poll:' || c.id)
 ON CONFLICT (dedupe_key) DO NOTHING
 RETURNING payload ->> 'charge_id';
+
+-- name: job_rail
+-- The rail of a rail kind's charge or refund, for its lane.
+SELECT coalesce((SELECT rail FROM charges WHERE id = %(charge_id)s),
+                (SELECT rail FROM refunds WHERE id = %(refund_id)s)) AS rail;

@@ -10,11 +10,6 @@ VALUES (%(kind)s, %(lane)s, %(dedupe_key)s, %(payload)s, now() + make_interval(s
 ON CONFLICT (dedupe_key) DO NOTHING
 RETURNING id;
 
--- name: job_rail
--- The rail of a rail kind's charge or refund, for its lane.
-SELECT coalesce((SELECT rail FROM charges WHERE id = %(charge_id)s),
-                (SELECT rail FROM refunds WHERE id = %(refund_id)s)) AS rail;
-
 -- name: claim_lane
 -- The oldest due job of one lane that is within its merchant's share (round
 -- 0); when none is due, the oldest of the lowest round (rebalance_lane;

@@ -6,7 +6,7 @@
 * Always: every rule is complete (severity, summary, description, a
   ``runbook_url`` to a section that exists in docs/runbooks/), and every
   metric name in a rule's or a dashboard panel's expression is one that
-  ``vpay.metrics`` exports, read from its registry (not a hand list).
+  ``vpay.base.metrics`` exports, read from its registry (not a hand list).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vpay import metrics
+from vpay.base import metrics
+from vpay.money import gauges
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "vpay-rules.yml"
@@ -41,7 +42,7 @@ def exported_families() -> dict[str, str]:
     """``{family name: type}`` of everything vpay exports: the registry's
     in-process metrics and the database collector's gauges."""
     families = {f.name: f.type for f in metrics.REGISTRY.collect()}
-    families |= {f.name: f.type for f in metrics.DatabaseCollector().describe()}
+    families |= {f.name: f.type for f in gauges.DatabaseCollector().describe()}
     return families
 
 

@@ -1,6 +1,6 @@
 """The "database in use" log line names the server libpq really connects to."""
 
-from vpay.db import describe
+from vpay.base.db import describe
 
 
 def test_what_the_url_leaves_out_comes_from_libpqs_environment_not_a_guess():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vpay.loop import SKIPPED_RETRY_SECONDS, idle_timeout
+from vpay.worker.loop import SKIPPED_RETRY_SECONDS, idle_timeout
 
 
 @pytest.mark.parametrize("trial", range(50))

@@ -100,8 +100,8 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 
 def test_the_graph_sees_function_level_and_relative_imports():
     graph = import_graph()
-    # vpay/cli/worker.py imports vpay.loop inside the command's body.
-    assert "vpay.loop" in graph["vpay.cli.worker"]
+    # vpay/cli/worker.py imports vpay.worker.loop inside the command's body.
+    assert "vpay.worker.loop" in graph["vpay.cli.worker"]
     assert "vpay.cli.common" in graph["vpay.cli.worker"]
 
 

@@ -1,4 +1,4 @@
-"""vpay.lanes without a database: the kind → lane mapping, the flag parsers
+"""vpay.engine.lanes without a database: the kind → lane mapping, the flag parsers
 and the default split of --worker-concurrency among lanes."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from vpay import lanes
-from vpay.lanes import LaneError, lane_for, parse_lane_concurrency, parse_queues, split
+import vpay.money  # noqa: F401  (the domain registers its lanes: vpay.money.lanes)
+from vpay.engine import lanes
+from vpay.engine.lanes import LaneError, lane_for, parse_lane_concurrency, parse_queues, split
 
 
 def test_every_kind_has_its_lane():
@@ -135,3 +136,22 @@ def test_every_split_has_exactly_total_loops_and_serves_every_lane():
                         if "housekeeping" not in served:
                             active = set(served)
                         assert active <= own | {"housekeeping"}, (total, served, passive, loops)
+
+
+def test_the_engine_alone_knows_only_its_own_lane_and_the_domain_registers_the_rest():
+    # A fresh interpreter: the engine imported without the money layer holds
+    # no domain name (issue 22: "lanes are registered by the layers above").
+    import subprocess
+    import sys
+    code = ("from vpay.engine import lanes; print(','.join(lanes.LANES)); "
+            "import vpay.money; print(','.join(lanes.LANES)); print(','.join(lanes.RAIL_LANES))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["housekeeping", "mtn,orange,webhooks,housekeeping", "mtn,orange"]
+
+
+def test_a_lane_registered_twice_with_other_settings_is_refused():
+    lanes.register_lane("mtn", lanes._priority["mtn"], routed=True, fair=True)  # same: no change
+    with pytest.raises(LaneError, match="twice"):
+        lanes.register_lane("mtn", 1, routed=True, fair=True)
+    with pytest.raises(LaneError, match="unknown lane"):
+        lanes.register_kind("test.nowhere", "nowhere")

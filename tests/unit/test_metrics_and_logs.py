@@ -1,4 +1,4 @@
-"""vpay.metrics and vpay.logs in process: the job context on log lines, the
+"""vpay.base.metrics and vpay.base.logs in process: the job context on log lines, the
 rail adapters' counted, timed and structured calls (HTTP faked with
 ``responses``), the outcome labels, and the database collector without a
 database. Live processes are in tests/test_observability.py."""
@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 import responses
 
-from vpay import logs, metrics
-from vpay.outcome import DeadLetter, Done, RetryAfter
+from vpay.base import logs, metrics
+from vpay.money import gauges
+from vpay.engine.outcome import DeadLetter, Done, RetryAfter
 from vpay.rails.mtn import MtnMomo
 from vpay.rails.orange import OrangeMoney
 from vpay.rails.port import ChargeRequest, RefundRequest
@@ -191,7 +192,7 @@ def test_a_rebalance_counts_the_jobs_it_put_over_share_by_lane():
 
 
 def test_without_a_database_the_collector_says_so_and_reports_no_numbers():
-    families = {f.name: f for f in metrics.DatabaseCollector().collect()}
+    families = {f.name: f for f in gauges.DatabaseCollector().collect()}
     assert [s.value for s in families["vpay_database_up"].samples] == [0]
     for name in ("vpay_queue_jobs", "vpay_alerts_open", "vpay_charges", "vpay_webhook_endpoints_disabled"):
         assert families[name].samples == []

@@ -19,14 +19,7 @@ import requests
 import responses
 
 from vpay.rails.mtn import MtnMomo, callback_url_with_reference, minor_to_major_string
-from vpay.rails.port import (
-    CallbackIds,
-    ChargeRequest,
-    MalformedCallback,
-    RailError,
-    StatusKind,
-    SubmitKind,
-)
+from vpay.rails.port import CallbackIds, ChargeRequest, MalformedCallback, RailError, StatusKind, SubmitKind
 
 BASE = "https://momo.test"
 TOKEN_URL = f"{BASE}/collection/token/"
@@ -688,7 +681,7 @@ def test_a_success_reports_the_amount_and_currency_the_rail_moved(rsps, adapter)
                                                   ("10.505", "EUR", None), ("ten", "EUR", None),
                                                   (None, "EUR", None), ("NaN", "EUR", None)])
 def test_major_string_to_minor_is_exact(value, currency, minor):
-    from vpay.currency import major_string_to_minor
+    from vpay.money.currency import major_string_to_minor
     assert major_string_to_minor(value, currency) == minor
 
 

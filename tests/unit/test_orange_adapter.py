@@ -18,15 +18,7 @@ import requests
 import responses
 
 from vpay.rails.orange import MAX_ATTEMPTS, OrangeMoney, notif_url_with_reference, order_id_for
-from vpay.rails.port import (
-    CallbackIds,
-    ChargeRequest,
-    MalformedCallback,
-    RailError,
-    RefundRequest,
-    StatusKind,
-    SubmitKind,
-)
+from vpay.rails.port import CallbackIds, ChargeRequest, MalformedCallback, RailError, RefundRequest, StatusKind, SubmitKind
 
 BASE = "https://orange.test"
 TOKEN_URL = f"{BASE}/oauth/v3/token"

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import responses
 
-from vpay.currency import major_string_to_minor
+from vpay.money.currency import major_string_to_minor
 from vpay.rails.mtn import MtnMomo
 from vpay.rails.orange import OrangeMoney, order_id_for
 from vpay.rails.port import ChargeRequest, RefundRequest, StatusKind, SubmitKind

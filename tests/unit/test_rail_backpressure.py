@@ -12,7 +12,7 @@ import responses
 
 from test_mtn_adapter import CHARGE, STATUS_URL, TOKEN_URL, add_token, calls_to
 from test_orange_adapter import ENV as ORANGE_ENV, STATUS_URL as ORANGE_STATUS_URL, SUBMITTED, token_ok
-from vpay.rail_gate import RailGate
+from vpay.rails.gate import RailGate
 from vpay.rails.mtn import MtnMomo
 from vpay.rails.orange import OrangeMoney
 from vpay.rails.port import RailError, RailPaused, StatusKind

@@ -14,12 +14,7 @@ import uuid
 import pytest
 import requests
 
-from vpay.sandbox.mtn import (
-    DEFAULT_API_KEY,
-    DEFAULT_API_USER,
-    DEFAULT_SUBSCRIPTION_KEY,
-    SandboxRail,
-)
+from vpay.sandbox.mtn import DEFAULT_API_KEY, DEFAULT_API_USER, DEFAULT_SUBSCRIPTION_KEY, SandboxRail
 from support import wait_until  # noqa: E402
 
 OK_PAYER = "46700000001"

@@ -26,13 +26,7 @@ from momo_api import (  # the test extra's mtn-momo-client
     ResourceNotFoundException,
 )
 
-from vpay.sandbox.mtn import (
-    DEFAULT_API_KEY,
-    DEFAULT_API_USER,
-    DEFAULT_SUBSCRIPTION_KEY,
-    SANDBOX_FAILURES,
-    SandboxRail,
-)
+from vpay.sandbox.mtn import DEFAULT_API_KEY, DEFAULT_API_USER, DEFAULT_SUBSCRIPTION_KEY, SANDBOX_FAILURES, SandboxRail
 from support import wait_until  # noqa: E402
 
 OK_PAYER = "46700000001"

@@ -19,12 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run from a checkout without an installed vpay
     sys.path.insert(0, str(ROOT))
 
-from vpay.sandbox.mtn import (  # noqa: E402
-    DEFAULT_API_KEY,
-    DEFAULT_API_USER,
-    SANDBOX_FAILURES,
-    SandboxRail,
-)
+from vpay.sandbox.mtn import DEFAULT_API_KEY, DEFAULT_API_USER, SANDBOX_FAILURES, SandboxRail
 from support import wait_until  # noqa: E402
 
 SUB_KEY = "test-sub-key"

@@ -9,13 +9,7 @@ import uuid
 import pytest
 import requests
 
-from vpay.sandbox.mtn import (
-    DEFAULT_API_KEY,
-    DEFAULT_API_USER,
-    REFUND_TARGET_NOT_FOUND,
-    REFUND_TARGET_NOT_SUCCESSFUL,
-    SandboxRail,
-)
+from vpay.sandbox.mtn import DEFAULT_API_KEY, DEFAULT_API_USER, REFUND_TARGET_NOT_FOUND, REFUND_TARGET_NOT_SUCCESSFUL, SandboxRail
 from support import wait_until  # noqa: E402
 
 SUB_KEY = "test-sub-key"

@@ -1,4 +1,4 @@
-"""vpay.sdnotify against real AF_UNIX datagram sockets (no database, no systemd)."""
+"""vpay.worker.sdnotify against real AF_UNIX datagram sockets (no database, no systemd)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 try:
-    from vpay import sdnotify
+    from vpay.worker import sdnotify
 except ImportError:  # the package is not installed: test the checkout itself
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from vpay import sdnotify
+    from vpay.worker import sdnotify
 
 Notifier = sdnotify.Notifier
 watchdog_interval = sdnotify.watchdog_interval

@@ -285,7 +285,7 @@ def test_each_worker_replica_gets_its_own_metrics_port():
 
 @pytest.mark.skipif(shutil.which("systemd-escape") is None, reason="systemd-escape not installed")
 def test_a_lane_set_instance_name_round_trips_to_a_queues_value_the_worker_accepts():
-    from vpay.lanes import parse_queues
+    from vpay.engine.lanes import parse_queues
     escaped = subprocess.run([shutil.which("systemd-escape"), "--template", "vpay-worker-lanes@.service",
                               "mtn,orange"], capture_output=True, text=True, check=True).stdout.strip()
     assert escaped == r"vpay-worker-lanes@mtn\x2corange.service"  # as README.md and the unit say

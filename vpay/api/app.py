@@ -24,12 +24,12 @@ import falcon
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .. import metrics
-from ..rails.port import Rail
-from ..settings import Settings
-from . import errors
-from .auth import MerchantAuth
-from .wire import answer
+from vpay.base import metrics
+from vpay.rails.port import Rail
+from vpay.base.settings import Settings
+from vpay.api import errors
+from vpay.api.auth import MerchantAuth
+from vpay.api.wire import answer
 
 log = logging.getLogger("vpay.api")
 access_log = logging.getLogger("vpay.api.access")
@@ -43,7 +43,7 @@ WARM_WAIT_SECONDS = 2.0
 requests, for its standing connection to reach the pool. Past it the worker
 starts anyway (Postgres is down: /healthz answers 503), so a down database
 delays each worker's start by at most this. The pool's own thread tries to
-connect for ``vpay.db.make_pool``'s 10 s reconnect timeout, then gives up
+connect for ``vpay.base.db.make_pool``'s 10 s reconnect timeout, then gives up
 until a request asks: the first request after a longer outage opens the
 connection itself (a probe answers 503 until Postgres is back)."""
 
@@ -71,7 +71,7 @@ class Database:
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
-                    from ..db import make_pool
+                    from vpay.base.db import make_pool
                     self._pool = make_pool(self.url, max_size=self.max_size, min_size=1,
                                            name="vpay-api", timeout=self.timeout, wait=False)
         return self._pool
@@ -149,7 +149,7 @@ class Health:
 
 class OpenApi:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        from .openapi import DOCUMENT
+        from vpay.api.openapi import DOCUMENT
         answer(resp, 200, DOCUMENT)
 
 
@@ -196,8 +196,8 @@ def create_app(database_url: str, rail_for: Callable[[str], Rail], settings: Set
     requests of this process may wait on a rail at once (None: no limit);
     the others leave the request-to-pay to the worker, so health checks,
     callbacks and reads always find a free thread."""
-    from .callbacks import CallbackResource
-    from .intents import IntentResource, IntentsResource
+    from vpay.api.callbacks import CallbackResource
+    from vpay.api.intents import IntentResource, IntentsResource
 
     db = Database(database_url, timeout=db_timeout)
     rails = Rails(rail_for)

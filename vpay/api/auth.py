@@ -1,7 +1,7 @@
 """Merchant authentication: ``Authorization: Bearer <secret key>``.
 
 Keys are issued by ``vpay-server merchants create`` and checked by
-``vpay.merchants.authenticate`` (sha256 stored, constant-time compare). A
+``vpay.money.merchants.authenticate`` (sha256 stored, constant-time compare). A
 missing, malformed, unknown or revoked key is 401 ``invalid_api_key`` and
 nothing is written: the check runs before the route's responder.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import falcon
 
-from .. import merchants
-from .errors import unauthorized
+from vpay.money import merchants
+from vpay.api.errors import unauthorized
 
 
 def bearer_token(header: str | None) -> str | None:

@@ -48,13 +48,13 @@ import falcon
 import psycopg
 from psycopg.rows import dict_row
 
-from .. import queue
-from ..money import FIRST_POLL_SECONDS, notif_token_sha256
-from ..queries import Q
-from ..rails import KNOWN_RAILS
-from ..rails.port import MalformedCallback, RailError
-from .errors import dump, invalid, not_found
-from .wire import MAX_BODY_BYTES, answer, read_body
+from vpay.engine import queue
+from vpay.money.charges import FIRST_POLL_SECONDS, notif_token_sha256
+from vpay.base.queries import Q
+from vpay.rails import KNOWN_RAILS
+from vpay.rails.port import MalformedCallback, RailError
+from vpay.api.errors import dump, invalid, not_found
+from vpay.api.wire import MAX_BODY_BYTES, answer, read_body
 
 log = logging.getLogger("vpay.api.callbacks")
 

@@ -8,7 +8,7 @@ counted by another worker (or by one gunicorn has since replaced) is missed.
 
 * ``prepare()`` makes a private directory (``mkdtemp``, mode 0700) and
   sets the variable. ``vpay-server api`` calls it first thing, before
-  anything imports ``vpay.metrics``: the library chooses its value store
+  anything imports ``vpay.base.metrics``: the library chooses its value store
   when it is imported. The directory is removed when the arbiter exits;
   one left by an arbiter that was killed is removed by the next start.
 * ``child_exit`` (gunicorn's hook, in the arbiter) calls
@@ -21,7 +21,7 @@ counted by another worker (or by one gunicorn has since replaced) is missed.
   passed to the app, which answers 404, so a reverse proxy in front of the
   API does not publish the metrics by accident.
 
-The scraped metrics are the in-process ones of ``vpay.metrics`` the API
+The scraped metrics are the in-process ones of ``vpay.base.metrics`` the API
 records: ``vpay_api_requests_total``, ``vpay_api_request_seconds`` and the
 rail calls it makes (``request_to_pay``). The database gauges are the
 worker's (docs/observability.md).

@@ -5,7 +5,7 @@ Create: ``{amount, currency, payment_method: {type: "mtn_momo" |
 "orange_money", msisdn}, description?}``, amount an integer in minor units.
 The request is checked whole before anything is written (400: not a JSON
 object, a missing or unknown parameter; 422: a parameter's value, with
-``param``), then ``vpay.payments.create_and_submit`` commits the intent
+``param``), then ``vpay.money.payments.create_and_submit`` commits the intent
 (``processing``), the charge (``pending``) and its poll job, and sends the
 request-to-pay, waiting on the rail at most ``VPAY_API_RAIL_TIMEOUT_SECONDS``
 (3 s) and only while one of the process's rail slots is free; otherwise the
@@ -44,13 +44,13 @@ from typing import Any
 import falcon
 from psycopg.rows import dict_row
 
-from .. import money
-from ..ids import new_id
-from ..payments import create_and_submit
-from ..queries import Q
-from ..rails.port import RailError
-from .errors import IDEMPOTENCY, ApiError, dump, invalid, not_found, unauthorized
-from .wire import MAX_BODY_BYTES, answer, read_body
+from vpay.money import charges
+from vpay.money.ids import new_id
+from vpay.money.payments import create_and_submit
+from vpay.base.queries import Q
+from vpay.rails.port import RailError
+from vpay.api.errors import IDEMPOTENCY, ApiError, dump, invalid, not_found, unauthorized
+from vpay.api.wire import MAX_BODY_BYTES, answer, read_body
 
 log = logging.getLogger("vpay.api.intents")
 
@@ -69,7 +69,7 @@ on the charge but not sent: Orange's payer identifies on Orange's page, which
 FIELDS = ("amount", "currency", "payment_method", "description")
 REQUIRED = ("amount", "currency", "payment_method")
 METHOD_FIELDS = ("type", "msisdn")
-# money.InvalidPayment.param → the request's parameter name
+# charges.InvalidPayment.param → the request's parameter name
 _PARAMS = {"amount": "amount", "currency": "currency", "payer": "payment_method[msisdn]",
            "rail": "payment_method[type]", "description": "description"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -95,7 +95,7 @@ def _shown(name: Any) -> str:
 def parse_new_payment(body: bytes, merchant_id: str) -> NewPayment:
     """Check a create request's body. Raises ``ApiError`` 400 (not a JSON
     object; missing or unknown parameter) or 422 (a parameter's value; the
-    rules are ``money.validate``'s), each naming ``param``."""
+    rules are ``charges.validate``'s), each naming ``param``."""
     if not body.strip():
         raise invalid("parameter_missing", "A JSON object body is required.")
     try:
@@ -136,9 +136,9 @@ def parse_new_payment(body: bytes, merchant_id: str) -> NewPayment:
         raise invalid("parameter_invalid", "description must be at most 160 characters.",
                       "description", status=422)
     try:
-        _, amount, currency, rail, payer = money.validate(merchant_id, doc["amount"], doc["currency"],
+        _, amount, currency, rail, payer = charges.validate(merchant_id, doc["amount"], doc["currency"],
                                                           rail, method["msisdn"])
-    except money.InvalidPayment as exc:
+    except charges.InvalidPayment as exc:
         raise invalid("parameter_invalid", str(exc), _PARAMS.get(exc.param, exc.param), status=422) from None
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return NewPayment(amount, currency, rail, payer, description,
@@ -164,7 +164,7 @@ def rail_unavailable(rail: str) -> ApiError:
 
 
 def intent_body(view: dict[str, Any], latest_charge: str | None) -> dict[str, Any]:
-    """The merchant-facing intent: ``money.intent_view`` plus the id of its
+    """The merchant-facing intent: ``charges.intent_view`` plus the id of its
     latest charge."""
     return {**view, "latest_charge": latest_charge}
 
@@ -173,7 +173,7 @@ def load_intent_body(conn, merchant_id: str, intent_id: str) -> dict[str, Any] |
     """The merchant's own intent as answered by the API, or ``None``."""
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q["api_load_intent"], {"id": intent_id, "merchant_id": merchant_id}).fetchone()
-    return intent_body(money.intent_view(row), row["latest_charge"]) if row else None
+    return intent_body(charges.intent_view(row), row["latest_charge"]) if row else None
 
 
 def _in_use() -> ApiError:
@@ -211,7 +211,7 @@ class IntentsResource:
                                        description=payment.description,
                                        prompt_ttl_seconds=self.settings.prompt_ttl_seconds,
                                        intent_id=intent_id, slots=self.submit_slots)
-        except money.InvalidPayment as exc:
+        except charges.InvalidPayment as exc:
             if exc.param == "merchant":  # the key's merchant vanished after authentication
                 raise unauthorized() from None
             raise invalid("parameter_invalid", str(exc), _PARAMS.get(exc.param, exc.param),

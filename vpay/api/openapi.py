@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .wire import MAX_BODY_BYTES
+from vpay.api.wire import MAX_BODY_BYTES
 
 
 def _json(schema_ref: str, description: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ log = logging.getLogger("vpay.api.server")
 
 
 class JsonLogger(glogging.Logger):
-    """gunicorn's error log through the root logger (``vpay.logs`` JSON);
+    """gunicorn's error log through the root logger (``vpay.base.logs`` JSON);
     gunicorn's access log stays off (``vpay.api.access`` logs each request)."""
 
     def setup(self, cfg) -> None:
@@ -60,7 +60,7 @@ class ApiServer(BaseApplication):
             "worker_exit": self._worker_exit,
         }
         if self.metrics:
-            from .exposition import child_exit
+            from vpay.api.exposition import child_exit
             defaults["child_exit"] = child_exit
         for key, value in (defaults | self.options).items():
             self.cfg.set(key, value)
@@ -69,7 +69,7 @@ class ApiServer(BaseApplication):
         self.app = self.app_factory()
         self.app.vpay_db.warm()
         if self.metrics:
-            from .exposition import with_metrics
+            from vpay.api.exposition import with_metrics
             return with_metrics(self.app)
         return self.app
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import falcon
 
-from .errors import dump, invalid
+from vpay.api.errors import dump, invalid
 
 MAX_BODY_BYTES = 64 * 1024
 """Largest body any route reads (64 KiB). A larger declared Content-Length is

@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import click
 
-from .. import __version__, logs
-from .alerts import alerts
-from .api import api
-from .charges import charges
-from .common import VpayGroup, guarded_main, log_level, log_level_option
-from .demo import demo
-from .jobs import jobs
-from .merchants import merchants
-from .migrate import migrate
-from .payments import payments
-from .prune import prune
-from .refunds import refunds
-from .sandbox import sandbox_rail
-from .statements import statements
-from .webhooks import webhooks
-from .worker import worker
+from vpay import __version__
+from vpay.base import logs
+from vpay.cli.alerts import alerts
+from vpay.cli.api import api
+from vpay.cli.charges import charges
+from vpay.cli.common import VpayGroup, guarded_main, log_level, log_level_option
+from vpay.cli.demo import demo
+from vpay.cli.jobs import jobs
+from vpay.cli.merchants import merchants
+from vpay.cli.migrate import migrate
+from vpay.cli.payments import payments
+from vpay.cli.prune import prune
+from vpay.cli.refunds import refunds
+from vpay.cli.sandbox import sandbox_rail
+from vpay.cli.statements import statements
+from vpay.cli.webhooks import webhooks
+from vpay.cli.worker import worker
 
 
 @click.group(cls=VpayGroup)

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import click
 
-from .common import ROW_ID, connect_db, echo_rows, fail
-from .jobs import _actor
+from vpay.cli.common import ROW_ID, connect_db, echo_rows, fail
+from vpay.cli.jobs import _actor
 
 COLUMNS = ("id", "kind", "charge_id", "created_at", "acknowledged_at", "details", "note")
 
 
 def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """``--kind``: one of ``ALERT_KINDS`` (vpay/alert_kinds.py), else a usage error."""
-    from ..alert_kinds import ALERT_KINDS
+    from vpay.money.alert_kinds import ALERT_KINDS
     if value is not None and value not in ALERT_KINDS:
         raise click.BadParameter(f"unknown alert kind {value!r}; kinds are {','.join(ALERT_KINDS)}",
                                  ctx, param)
@@ -39,7 +39,7 @@ def alerts() -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) -> None:
     """Alerts, oldest first (at most 1000)."""
-    from ..operator import list_alerts
+    from vpay.money.operator import list_alerts
     with connect_db() as conn:
         rows = list_alerts(conn, open_only=open_only, kind=kind, charge=charge)
     echo_rows(rows, COLUMNS, as_json)
@@ -53,7 +53,7 @@ def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) 
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def ack(ids: tuple[int, ...], every: bool, kind: str | None, note: str, as_json: bool) -> None:
     """Acknowledge alerts, keeping a note on each."""
-    from ..operator import Refused, ack as acknowledge, check_note, list_alerts
+    from vpay.money.operator import Refused, ack as acknowledge, check_note, list_alerts
     try:
         note = check_note(note)
     except ValueError as exc:

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from .common import EX_UNAVAILABLE, fail, open_db, refuse
+from vpay.cli.common import EX_UNAVAILABLE, fail, open_db, refuse
 
 log = logging.getLogger("vpay.cli")
 
@@ -63,15 +63,15 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     configured is logged at warning; its callbacks answer 404 and its payments
     422 payment_method_unavailable. The database is not contacted at start: /healthz answers 503 until it
     is reachable."""
-    from .. import logs
+    from vpay.base import logs
     logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
-    from ..api.exposition import prepare
+    from vpay.api.exposition import prepare
     prepare()  # before anything imports prometheus_client: GET /metrics sums every worker
-    from ..rails import KNOWN_RAILS, build_rail
-    from ..rails.port import RailError
-    from ..settings import ConfigError, Settings
-    from ..api.app import POOL_MAX, create_app
-    from ..api.server import ApiServer
+    from vpay.rails import KNOWN_RAILS, build_rail
+    from vpay.rails.port import RailError
+    from vpay.base.settings import ConfigError, Settings
+    from vpay.api.app import POOL_MAX, create_app
+    from vpay.api.server import ApiServer
 
     listen = _host_port(bind)
     if not 1 <= threads <= POOL_MAX or workers < 1 or timeout < 1:

@@ -8,7 +8,7 @@ rail last answered.
 charge that is ``unresolved``, or ``pending`` with an open alert; the
 evidence is required and stored; the charge moves exactly as a rail answer
 would move it (one transition, one event). Never on age alone (design page:
-"Age is not evidence"). See ``vpay.resolve``.
+"Age is not evidence"). See ``vpay.money.resolve``.
 
 Exit codes: 0 done, 1 not found or refused by the data (already settled;
 pending without an open alert), 2 usage (no evidence, a bad duration), 69
@@ -22,7 +22,7 @@ import re
 
 import click
 
-from .common import fail, open_db
+from vpay.cli.common import fail, open_db
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -56,9 +56,9 @@ def charges() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_(status: str, older_than: str, limit: int, as_json: bool) -> None:
     """Charges in one status, oldest first."""
-    from ..currency import minor_to_major_string
-    from ..db import connect
-    from ..resolve import list_charges
+    from vpay.money.currency import minor_to_major_string
+    from vpay.base.db import connect
+    from vpay.money.resolve import list_charges
     seconds = parse_duration(older_than)
     url, _ = open_db()
     with connect(url) as conn:
@@ -86,8 +86,8 @@ def list_(status: str, older_than: str, limit: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def resolve(charge_id: str, outcome: str, evidence: str, as_json: bool) -> None:
     """Settle an unresolved charge (or a pending one with an open alert) on evidence."""
-    from ..db import connect
-    from ..resolve import Refused, resolve_charge
+    from vpay.base.db import connect
+    from vpay.money.resolve import Refused, resolve_charge
     url, _ = open_db()
     with connect(url) as conn:
         try:

@@ -107,7 +107,7 @@ def translate(exc: BaseException) -> tuple[str, int]:
     import psycopg
     from psycopg_pool import PoolTimeout
 
-    from ..db import ConfigError
+    from vpay.base.db import ConfigError
     if isinstance(exc, ConfigError):
         return f"configuration refused: {exc}", EX_CONFIG
     if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)):
@@ -163,7 +163,7 @@ def open_db(pool_size: int | None = None):
     default) and, when ``pool_size`` is given, a pool of that size. A bad
     setting exits 78 with one line; a database that does not answer within
     ``VPAY_DATABASE_OPEN_TIMEOUT_SECONDS`` raises ``PoolTimeout`` (69)."""
-    from ..db import ConfigError, database_url, make_pool
+    from vpay.base.db import ConfigError, database_url, make_pool
     try:
         url = database_url()
     except ConfigError as exc:
@@ -176,7 +176,7 @@ def open_db(pool_size: int | None = None):
 def connect_db():
     """One autocommit connection to the configured database, for one-shot
     commands; a database that does not answer raises (69, one line)."""
-    from ..db import connect
+    from vpay.base.db import connect
     return connect(open_db()[0])
 
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .common import fail
+from vpay.cli.common import fail
 
 
 @click.command()
@@ -23,7 +23,7 @@ def demo(deadline_seconds: float, database: str, reset: bool) -> None:
     With VPAY_DATABASE_URL set, it works in its own database on that server
     and drops only a database it made itself; exit 1 (nothing touched) when
     --database exists and was made by something else, unless --reset."""
-    from ..demo import DemoRefused, run
+    from vpay.demo import DemoRefused, run
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", database):
         raise click.BadParameter("a database name of lower-case letters, digits and '_'",
                                  param_hint="--database")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from .common import ROW_ID, connect_db, echo_rows, fail
+from vpay.cli.common import ROW_ID, connect_db, echo_rows, fail
 
 COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", "run_at",
            "locked_by", "lease_expires_at", "last_error")
@@ -36,7 +36,7 @@ def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -
     (a typo would otherwise list "(none)" or retry nothing, exit 0)."""
     if value is None:
         return value
-    from ..handlers import REGISTRY
+    from vpay.handlers import REGISTRY
     if value not in REGISTRY:
         raise click.BadParameter(f"unknown job kind {value!r}; kinds are {','.join(sorted(REGISTRY))}",
                                  ctx, param)
@@ -44,8 +44,8 @@ def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 def _known_lane(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """``--lane``: one of ``vpay.lanes.LANES``, else a usage error."""
-    from ..lanes import LANES
+    """``--lane``: one of ``vpay.engine.lanes.LANES``, else a usage error."""
+    from vpay.engine.lanes import LANES
     if value is not None and value not in LANES:
         raise click.BadParameter(f"unknown lane {value!r}; lanes are {','.join(LANES)}", ctx, param)
     return value
@@ -65,14 +65,14 @@ def jobs() -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def list_(dead: bool, stranded: bool, kind: str | None, lane: str | None, as_json: bool) -> None:
     """Jobs, oldest run_at first (at most 1000)."""
-    from ..operator import list_jobs
+    from vpay.money.operator import list_jobs
     with connect_db() as conn:
         rows = list_jobs(conn, dead=dead, stranded=stranded, kind=kind, lane=lane)
     echo_rows(rows, COLUMNS, as_json)
 
 
 def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[int]:
-    from ..operator import list_jobs
+    from vpay.money.operator import list_jobs
     if bool(ids) == every:
         raise click.UsageError(f"give job ids or {flag}, not both and not neither")
     if every:
@@ -91,7 +91,7 @@ def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[
 def retry(ids: tuple[int, ...], every: bool, kind: str | None, lane: str | None, note: str,
           as_json: bool) -> None:
     """Put dead letters back on the queue, due now (fix the cause first)."""
-    from ..operator import Refused, check_note, retry as requeue
+    from vpay.money.operator import Refused, check_note, retry as requeue
     try:
         note = check_note(note)
     except ValueError as exc:
@@ -111,7 +111,7 @@ def retry(ids: tuple[int, ...], every: bool, kind: str | None, lane: str | None,
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 def release(ids: tuple[int, ...], every: bool, as_json: bool) -> None:
     """Free stranded leases (past their own lease_expires_at) so a live worker claims them."""
-    from ..operator import Refused, release as free
+    from vpay.money.operator import Refused, release as free
     with connect_db() as conn:
         chosen = _ids(conn, ids, every, "--all-stranded", stranded=True)
         try:

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .common import open_db
+from vpay.cli.common import open_db
 
 log = logging.getLogger("vpay.cli")
 
@@ -26,8 +26,8 @@ def merchants_create(merchant_id: str, name: str) -> None:
 
     Prints {"merchant", "created", "key_id", "api_key"}; only sha256 of the
     key is stored, so keep the printed key: it cannot be shown again."""
-    from .. import merchants as accounts
-    from ..db import connect
+    from vpay.money import merchants as accounts
+    from vpay.base.db import connect
     url, _ = open_db()
     with connect(url) as conn, conn.transaction():
         try:
@@ -45,8 +45,8 @@ def merchants_create(merchant_id: str, name: str) -> None:
 @merchants.command("list")
 def merchants_list() -> None:
     """Every merchant with its keys' ids and dates (never a secret)."""
-    from .. import merchants as accounts
-    from ..db import connect
+    from vpay.money import merchants as accounts
+    from vpay.base.db import connect
     url, _ = open_db()
     with connect(url) as conn:
         click.echo(json.dumps(accounts.list_merchants(conn), indent=2))
@@ -56,8 +56,8 @@ def merchants_list() -> None:
 @click.argument("key_id")
 def merchants_revoke_key(key_id: str) -> None:
     """Revoke a secret key by its id (key_...): requests with it get 401 from now on."""
-    from .. import merchants as accounts
-    from ..db import connect
+    from vpay.money import merchants as accounts
+    from vpay.base.db import connect
     url, _ = open_db()
     with connect(url) as conn:
         merchant_id = accounts.revoke_api_key(conn, key_id)

@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from .common import open_db
+from vpay.cli.common import open_db
 
 log = logging.getLogger("vpay.cli")
 
@@ -15,7 +15,7 @@ log = logging.getLogger("vpay.cli")
 @click.command()
 def migrate() -> None:
     """Apply pending sql/ migrations (idempotent; safe to run concurrently)."""
-    from ..db import connect, migrate as run
+    from vpay.base.db import connect, migrate as run
     url, _ = open_db()
     with connect(url) as conn:
         applied = run(conn)

@@ -23,7 +23,7 @@ import sys
 
 import click
 
-from .common import MINOR_UNITS, connect_db, open_db, refuse
+from vpay.cli.common import MINOR_UNITS, connect_db, open_db, refuse
 
 
 @click.group()
@@ -40,12 +40,12 @@ def payments() -> None:
 @click.option("--description", default=None, help="Shown to the payer (at most 160 characters).")
 def payments_create(merchant, amount, currency, rail, payer, description) -> None:
     """Create and confirm a payment as the API would; print {payment_intent, charge, charges}."""
-    from ..db import make_pool
-    from ..money import InvalidPayment
-    from ..payments import create_and_submit
-    from ..rails import build_rail
-    from ..rails.port import RailError
-    from ..settings import ConfigError, Settings
+    from vpay.base.db import make_pool
+    from vpay.money.charges import InvalidPayment
+    from vpay.money.payments import create_and_submit
+    from vpay.rails import build_rail
+    from vpay.rails.port import RailError
+    from vpay.base.settings import ConfigError, Settings
     try:
         settings = Settings.from_env()
     except ConfigError as exc:
@@ -69,7 +69,7 @@ def payments_create(merchant, amount, currency, rail, payer, description) -> Non
 
 
 def _refuse_if_misconfigured(pool, rail: str, charge: dict, intent_id: str) -> None:
-    from ..misconfiguration import FAILURE_CODE, open_codes
+    from vpay.money.misconfiguration import FAILURE_CODE, open_codes
     if charge["failure_code"] != FAILURE_CODE:
         return
     with pool.connection() as conn:
@@ -84,7 +84,7 @@ def _refuse_if_misconfigured(pool, rail: str, charge: dict, intent_id: str) -> N
 def payments_show(some_id: str) -> None:
     """An intent (pi_...) or a charge (ch_...): its charges with their poll job
     and open alerts, and its events, as JSON."""
-    from ..operator import payment_view
+    from vpay.money.operator import payment_view
     with connect_db() as conn:
         found = payment_view(conn, some_id)
     if found is None:

@@ -2,7 +2,7 @@
 
 Deletes what finished more than DAYS days ago: events with no delivery
 pending, finished webhook deliveries, acknowledged alerts and dead letters;
-never what a pending or unresolved charge or refund needs (``vpay.operator.prune``).
+never what a pending or unresolved charge or refund needs (``vpay.money.operator.prune``).
 The hourly sweep does the same with ``VPAY_RETENTION_DAYS``. Prints the
 counts (JSON with ``--json``). Exit codes: 0 done, 2 usage, 69 database
 unavailable, 78 configuration refused.
@@ -14,8 +14,8 @@ import logging
 
 import click
 
-from ..settings import MAX_RETENTION_DAYS
-from .common import connect_db, echo_json
+from vpay.base.settings import MAX_RETENTION_DAYS
+from vpay.cli.common import connect_db, echo_json
 
 log = logging.getLogger("vpay.cli")
 
@@ -28,7 +28,7 @@ log = logging.getLogger("vpay.cli")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
 def prune(days: int, dry_run: bool, as_json: bool) -> None:
     """Delete finished rows older than DAYS days (nothing a live payment needs)."""
-    from ..operator import prune as run
+    from vpay.money.operator import prune as run
     with connect_db() as conn:
         counts = run(conn, days, apply=not dry_run)
     log.info("pruned" if not dry_run else "prune dry run", extra={"older_than_days": days, **counts})

@@ -19,7 +19,7 @@ import sys
 
 import click
 
-from .common import MINOR_UNITS, open_db, refuse
+from vpay.cli.common import MINOR_UNITS, open_db, refuse
 
 
 def _url() -> str:
@@ -38,11 +38,11 @@ def refunds() -> None:
 @click.option("--reason", default=None, help="Why, kept on the refund (at most 160 characters).")
 def create(charge_id: str, amount: int | None, reason: str | None) -> None:
     """Refund a succeeded charge; print {refund}. The worker settles it."""
-    from ..db import make_pool
-    from ..misconfiguration import FAILURE_CODE, open_codes
-    from ..rails import build_rail
-    from ..rails.port import RailError
-    from ..refunds import InvalidRefund, create_and_submit
+    from vpay.base.db import make_pool
+    from vpay.money.misconfiguration import FAILURE_CODE, open_codes
+    from vpay.rails import build_rail
+    from vpay.rails.port import RailError
+    from vpay.money.refunds import InvalidRefund, create_and_submit
     pool = make_pool(_url(), max_size=2)
     try:
         try:
@@ -70,8 +70,8 @@ def create(charge_id: str, amount: int | None, reason: str | None) -> None:
 @click.argument("refund_id")
 def show(refund_id: str) -> None:
     """A refund (re_...) with its charge and events, as JSON."""
-    from ..db import connect
-    from ..refunds import show as find
+    from vpay.base.db import connect
+    from vpay.money.refunds import show as find
     with connect(_url()) as conn:
         found = find(conn, refund_id)
     if found is None:

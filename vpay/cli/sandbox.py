@@ -9,7 +9,7 @@ import os
 
 import click
 
-from .common import EX_UNAVAILABLE, fail
+from vpay.cli.common import EX_UNAVAILABLE, fail
 
 log = logging.getLogger("vpay.cli")
 
@@ -33,7 +33,7 @@ def sandbox_rail(host: str, port: int, success_after_seconds: float, reason_shap
     VPAY_MTN_API_KEY (defaults: the sandbox's own MTN-shaped ones, see docs/sandbox.md).
     A port that is busy (or an address not on this host) exits 69 with one line."""
     import signal as _signal
-    from ..sandbox.mtn import SandboxRail
+    from vpay.sandbox.mtn import SandboxRail
     kwargs = {k: v for k, v in {
         "subscription_key": os.environ.get("VPAY_MTN_SUBSCRIPTION_KEY"),
         "api_user": os.environ.get("VPAY_MTN_API_USER"),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from .common import fail, open_db
+from vpay.cli.common import fail, open_db
 
 
 @click.group()
@@ -46,17 +46,17 @@ def statements() -> None:
 def import_(file: Path, rail: str, profile: str | None, mapping: str | None, apply: bool, lag_minutes: float,
             as_json: bool, exceptions_csv: Path | None) -> None:
     """Match a statement's lines against our charges and refunds."""
-    from ..db import connect
-    from ..statements import importer, report
-    from ..statements.profiles import BadMap, choose
-    from ..statements.reader import BadFile
+    from vpay.base.db import connect
+    from vpay.statements import importer, report
+    from vpay.statements.profiles import BadMap, choose
+    from vpay.statements.reader import BadFile
     try:
         chosen = choose(profile, mapping)
     except BadMap as exc:
         raise click.UsageError(str(exc)) from None
     if exceptions_csv is not None:
         _check_writable(exceptions_csv)
-    from ..statements.reader import read_path
+    from vpay.statements.reader import read_path
     try:
         data = read_path(file)
     except BadFile as exc:
@@ -94,8 +94,8 @@ def _check_writable(path: Path) -> None:
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
 def list_(as_json: bool, limit: int) -> None:
     """Recorded statements, newest first."""
-    from ..db import connect
-    from ..statements.importer import list_statements
+    from vpay.base.db import connect
+    from vpay.statements.importer import list_statements
     url, _ = open_db()
     with connect(url) as conn:
         rows = list_statements(conn, limit)
@@ -119,8 +119,8 @@ def list_(as_json: bool, limit: int) -> None:
               help="Write the exceptions to this CSV file.")
 def show(statement_id: str, as_json: bool, exceptions_csv: Path | None) -> None:
     """One recorded statement: its summary and its exceptions."""
-    from ..db import connect
-    from ..statements import importer, report
+    from vpay.base.db import connect
+    from vpay.statements import importer, report
     if exceptions_csv is not None:
         _check_writable(exceptions_csv)
     url, _ = open_db()

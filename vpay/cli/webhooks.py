@@ -17,17 +17,17 @@ from datetime import datetime
 
 import click
 
-from .common import open_db
+from vpay.cli.common import open_db
 
 
 def _wh():
     # Imported when a command runs, not when vpay-server starts.
-    from .. import webhooks
+    from vpay import webhooks
     return webhooks
 
 
 def _connect():
-    from ..db import connect
+    from vpay.base.db import connect
     return connect(open_db()[0])
 
 

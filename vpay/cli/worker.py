@@ -13,9 +13,8 @@ import sys
 
 import click
 
-from .. import logs
-from .common import (EX_UNAVAILABLE, _unavailable_line, fail, log_level, log_level_option, open_db,
-                     refuse)
+from vpay.base import logs
+from vpay.cli.common import EX_UNAVAILABLE, _unavailable_line, fail, log_level, log_level_option, open_db, refuse
 
 log = logging.getLogger("vpay.cli")
 
@@ -60,7 +59,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     # vpay-worker: its own --log-level or VPAY_LOG_LEVEL; vpay-server worker:
     # the group's level unless this command's flag names one.
     logs.setup(log_level(level) if level or ctx.parent is None else None, stream=sys.stdout)
-    from ..db import MAX_CONNECTIONS
+    from vpay.base.db import MAX_CONNECTIONS
     # Refused before any database connection: a wrong flag must not touch the fleet.
     if not 1 <= worker_concurrency <= MAX_CONNECTIONS // 2:
         refuse(f"--worker-concurrency {worker_concurrency} is outside 1..{MAX_CONNECTIONS // 2} "
@@ -70,7 +69,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
             or shutdown_grace_seconds < 0 or lease_seconds <= 0 or idle_sleep <= 0:
         refuse("--shutdown-grace-seconds must be >= 0, --lease-seconds and --idle-sleep > 0, "
                 "all finite numbers")
-    from .. import lanes
+    from vpay.engine import lanes
     try:
         served = lanes.parse_queues(*_lane_setting(ctx, "queues", queues, "VPAY_WORKER_QUEUES"))
         overrides = lanes.parse_lane_concurrency(
@@ -80,16 +79,16 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         lanes.split(worker_concurrency, served, overrides)
     except lanes.LaneError as exc:
         refuse(str(exc))
-    from ..handlers import Context
-    from ..loop import Worker, WorkerConfig
-    from ..settings import ConfigError, Settings
-    from ..signals import ShutdownSignals
+    from vpay.handlers import Context
+    from vpay.worker.loop import Worker, WorkerConfig
+    from vpay.base.settings import ConfigError, Settings
+    from vpay.worker.signals import ShutdownSignals
 
     signals = ShutdownSignals().install()  # before the pool: a TERM during boot still drains
-    from ..rails import configured_rails
-    from ..rails.port import RailError
-    from ..webhooks import timeouts
-    from ..vacuum import every_from_env
+    from vpay.rails import configured_rails
+    from vpay.rails.port import RailError
+    from vpay.webhooks import timeouts
+    from vpay.engine.vacuum import every_from_env
     try:
         settings = Settings.from_env()
         timeouts()
@@ -119,7 +118,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                           idle_sleep=idle_sleep, queues=served, lane_concurrency=overrides,
                           passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
                           jobs_vacuum_every=jobs_vacuum_every)
-    from ..handlers import ensure_scheduled
+    from vpay.handlers import ensure_scheduled
     with pool.connection() as conn:
         ensure_scheduled(conn)
     drain = Worker(pool, handler_ctx, config, signals).run()
@@ -135,7 +134,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
 
 
 def _lane_setting(ctx: click.Context, name: str, value: str | None, envvar: str) -> tuple[str | None, str]:
-    """``(value, source)`` of a lane option for ``vpay.lanes``: ``source`` is
+    """``(value, source)`` of a lane option for ``vpay.engine.lanes``: ``source`` is
     the flag, or ``ENVVAR (--flag)`` when the value came from the environment,
     so a refusal names what the operator must fix. click treats a variable set
     to ``""`` as unset; it is passed on as ``""`` here so it is refused, not
@@ -150,7 +149,7 @@ def _lane_setting(ctx: click.Context, name: str, value: str | None, envvar: str)
 
 
 def _serve_metrics(port: int | None, bind: str):
-    """Start the metrics server (``vpay.metrics.serve``) before the pool, so a
+    """Start the metrics server (``vpay.base.metrics.serve``) before the pool, so a
     port that cannot be had refuses the boot (78) without touching the
     database. Answers the database collector to attach the pool to, or
     ``None`` when metrics are off."""
@@ -158,8 +157,10 @@ def _serve_metrics(port: int | None, bind: str):
         return None
     if not 1 <= port <= 65535:
         refuse(f"--metrics-port {port} is not a TCP port (1..65535)")
-    from .. import metrics
-    collector = metrics.DatabaseCollector(lanes=metrics.LANES)
+    from vpay.base import metrics
+    from vpay.engine import lanes
+    from vpay.money.gauges import DatabaseCollector
+    collector = DatabaseCollector(lanes=lanes.LANES)
     try:
         metrics.serve(port, bind, collector)
     except OSError as exc:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 
-from .registry import HOURLY, REGISTRY, SCHEDULED, Context, Handler, ensure_scheduled, handle, register
+from vpay.handlers.registry import HOURLY, REGISTRY, SCHEDULED, Context, Handler, ensure_scheduled, handle, register
 
 __all__ = ["HOURLY", "REGISTRY", "SCHEDULED", "Context", "Handler", "ensure_scheduled", "handle", "register"]
 
 
 def _load() -> None:
-    from . import poll, refund_poll, resubmit, scan, sweep, webhooks  # noqa: F401  (registers)
+    from vpay.handlers import poll, refund_poll, resubmit, scan, sweep, webhooks  # noqa: F401  (registers)
     if os.environ.get("VPAY_TEST_HANDLERS") == "1":
-        from . import testing  # noqa: F401
+        from vpay.handlers import testing  # noqa: F401
 
 
 _load()

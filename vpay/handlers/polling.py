@@ -1,4 +1,4 @@
-"""The one poll handler body, for every pollable operation (``vpay.pollable``):
+"""The one poll handler body, for every pollable operation (``vpay.money.pollable``):
 ``poll:<charge_id>`` and ``refund_poll:<refund_id>`` are registrations of it
 (``register_pollable``).
 
@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import logging
 
-from .. import misconfiguration, testhooks
-from ..outcome import DeadLetter, Done, Outcome, RetryAfter
-from ..pollable import (RAIL_KNOWS, SETTLED, UNRESOLVED_EVERY, Pollable, escalate, final_status,
-                        note_contradiction, poll_delay, record_poll, settle)
-from ..queue import Job
-from ..rails.port import RailStatus, StatusKind
-from .registry import REGISTRY, Context, Handler
+from vpay.money import misconfiguration
+from vpay.base import testhooks
+from vpay.engine.outcome import DeadLetter, Done, Outcome, RetryAfter
+from vpay.money.pollable import RAIL_KNOWS, SETTLED, UNRESOLVED_EVERY, Pollable, escalate, final_status, note_contradiction, poll_delay, record_poll, settle
+from vpay.engine.queue import Job
+from vpay.rails.port import RailStatus, StatusKind
+from vpay.handlers.registry import REGISTRY, Context, Handler
 
 log = logging.getLogger("vpay.handlers.polling")
 

@@ -2,8 +2,8 @@
 ladder (docs/flows/refunds.md).
 
 The body is the one every pollable operation shares
-(``vpay.handlers.polling``; the rules: ``vpay.pollable``). What is a
-refund's own is in ``vpay.refunds.REFUNDS``: its status read is
+(``vpay.handlers.polling``; the rules: ``vpay.money.pollable``). What is a
+refund's own is in ``vpay.money.refunds.REFUNDS``: its status read is
 ``Rail.refund_status``, its event hangs off the refunded charge's intent, and
 a 404 for a refund the rail never confirmed re-sends it at once with the same
 ``X-Reference-Id`` (a rejection then fails the refund).
@@ -11,7 +11,7 @@ a 404 for a refund the rail never confirmed re-sends it at once with the same
 
 from __future__ import annotations
 
-from ..refunds import REFUNDS
-from .polling import register_pollable
+from vpay.money.refunds import REFUNDS
+from vpay.handlers.polling import register_pollable
 
 refund_poll = register_pollable(REFUNDS)

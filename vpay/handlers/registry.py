@@ -13,10 +13,10 @@ from typing import Callable
 
 from psycopg_pool import ConnectionPool
 
-from ..outcome import DeadLetter, Outcome, RetryAfter
-from ..queue import Job
-from ..rails.port import Rail, RailError, RailPaused
-from ..settings import Settings
+from vpay.engine.outcome import DeadLetter, Outcome, RetryAfter
+from vpay.engine.queue import Job
+from vpay.rails.port import Rail, RailError, RailPaused
+from vpay.base.settings import Settings
 
 log = logging.getLogger("vpay.handlers")
 
@@ -41,10 +41,15 @@ class Context:
             if code not in self._rails:
                 factory = self.rail_factory
                 if factory is None:
-                    from ..rails import build_rail
+                    from vpay.rails import build_rail
                     factory = build_rail
                 self._rails[code] = factory(code)
             return self._rails[code]
+
+    def handle(self, job: Job) -> Outcome:
+        """Run ``job``'s handler with this context (``handle``): what the
+        worker's loops call (``vpay.worker.loop.Dispatcher``)."""
+        return handle(job, self)
 
     def rail_pauses(self) -> dict[str, str | None]:
         """Per rail built so far, the end of its backpressure pause (ISO 8601
@@ -107,6 +112,6 @@ SCHEDULED = {"scan:live": "scan", "sweep:expired": "sweep"}
 def ensure_scheduled(conn) -> None:
     """Enqueue ``scan:live`` and ``sweep:expired`` unless they exist
     (``ON CONFLICT DO NOTHING``): every worker calls this at boot."""
-    from ..queue import enqueue
+    from vpay.engine.queue import enqueue
     for key, kind in SCHEDULED.items():
         enqueue(conn, kind, key, {}, delay=0)

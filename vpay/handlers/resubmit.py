@@ -17,11 +17,11 @@ fixed a 404 from the rail enqueues this job again.
 
 from __future__ import annotations
 
-from .. import misconfiguration, money
-from ..outcome import Done, RetryAfter
-from ..payments import resubmit_delay, submit
-from ..rails.port import StatusKind, SubmitKind
-from .registry import register
+from vpay.money import misconfiguration, charges
+from vpay.engine.outcome import Done, RetryAfter
+from vpay.money.payments import resubmit_delay, submit
+from vpay.rails.port import StatusKind, SubmitKind
+from vpay.handlers.registry import register
 
 NOT_SUBMITTED = "not_submitted"
 
@@ -30,7 +30,7 @@ NOT_SUBMITTED = "not_submitted"
 def resubmit(job, ctx):
     charge_id = job.payload.get("charge_id")
     with ctx.pool.connection() as conn:
-        charge = money.load_charge(conn, charge_id) if charge_id else None
+        charge = charges.load_charge(conn, charge_id) if charge_id else None
     if charge is None or charge["status"] not in ("pending", "unresolved") or charge["submitted_at"]:
         return Done("nothing to resubmit")
     rail = ctx.rail(charge["rail"])
@@ -43,10 +43,10 @@ def resubmit(job, ctx):
             return Done(f"request-to-pay refused for our configuration ({answer.reason}); the poll carries on")
         return Done()
     # The prompt is over: a re-send would ask the payer about a stale prompt.
-    status = rail.status(money.charge_request(charge))
+    status = rail.status(charges.charge_request(charge))
     with ctx.pool.connection() as conn:
         if status.kind is StatusKind.NOT_FOUND:
-            money.settle(conn, charge_id, StatusKind.FAILED, failure_code=NOT_SUBMITTED)
+            charges.settle(conn, charge_id, StatusKind.FAILED, failure_code=NOT_SUBMITTED)
             return Done()
         if status.kind is StatusKind.NO_ANSWER:
             return RetryAfter(resubmit_delay(job.attempts + 1), f"status: {status.detail}")
@@ -55,6 +55,6 @@ def resubmit(job, ctx):
                                    http_status=status.http_status, charge_id=charge_id,
                                    effect="kept_pending")
             return Done(f"status read refused for our configuration ({status.reason}); the poll carries on")
-        money.record_poll(conn, charge_id, rail_knows=True)
+        charges.record_poll(conn, charge_id, rail_knows=True)
     return Done("the rail knows it; the poll job carries on")
 

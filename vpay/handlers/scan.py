@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from ..outcome import RetryAfter
-from ..queries import Q
-from .registry import HOURLY, register
+from vpay.engine.outcome import RetryAfter
+from vpay.base.queries import Q
+from vpay.handlers.registry import HOURLY, register
 
 log = logging.getLogger("vpay.handlers.scan")
 

@@ -3,7 +3,7 @@ crash recovery": the third place leases are reaped). It reaps expired leases,
 escalates every charge and every refund still pending past the 24-hour
 horizon (even one whose poll job was dead-lettered: "The escalation does not
 depend on the rail answering"), deletes Idempotency-Key records past their 24 hours,
-prunes finished rows older than ``VPAY_RETENTION_DAYS`` (``vpay.operator.prune``;
+prunes finished rows older than ``VPAY_RETENTION_DAYS`` (``vpay.money.operator.prune``;
 0 keeps everything), and reschedules itself; it never ends (``RetryAfter``
 one hour)."""
 
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 
-from .. import money, operator, pollable, queue, refunds
-from ..outcome import RetryAfter
-from ..queries import Q
-from .registry import HOURLY, register
+from vpay.money import charges, operator, pollable, refunds
+from vpay.engine import queue
+from vpay.engine.outcome import RetryAfter
+from vpay.base.queries import Q
+from vpay.handlers.registry import HOURLY, register
 
 log = logging.getLogger("vpay.handlers.sweep")
 
@@ -25,7 +26,7 @@ def sweep(job, ctx):
         reaped = queue.reap_expired_leases(conn)
         keys = conn.execute(Q["delete_expired_idempotency_keys"]).rowcount
         horizon = ctx.settings.escalate_after_seconds
-        escalated = money.escalate(conn, None, horizon)
+        escalated = charges.escalate(conn, None, horizon)
         escalated_refunds = pollable.escalate(conn, refunds.REFUNDS, None, horizon)
         days = ctx.settings.retention_days
         pruned = operator.prune(conn, days) if days > 0 else {}

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import time
 
-from ..outcome import Done, RetryAfter
-from .registry import register
+from vpay.engine.outcome import Done, RetryAfter
+from vpay.handlers.registry import register
 
 
 @register("test.count")

@@ -37,11 +37,12 @@ from urllib.parse import urlsplit
 
 from psycopg.rows import dict_row
 
-from .. import metrics, webhooks
-from ..outcome import DeadLetter, Done, RetryAfter
-from ..queries import Q
-from ..webhooks import backoff
-from .registry import register
+from vpay.base import metrics
+from vpay import webhooks
+from vpay.engine.outcome import DeadLetter, Done, RetryAfter
+from vpay.base.queries import Q
+from vpay.webhooks import backoff
+from vpay.handlers.registry import register
 
 log = logging.getLogger("vpay.webhooks")
 

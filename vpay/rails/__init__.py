@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .port import Rail, RailError
+from vpay.rails.port import Rail, RailError
 
 KNOWN_RAILS = ("mtn", "orange")
 """Rails a charge may name: MTN MoMo (``vpay.rails.mtn``) and Orange Money Web
@@ -17,10 +17,10 @@ def build_rail(code: str, **overrides) -> Rail:
     Raises ``RailError`` for an unknown or unconfigured rail (the message
     names missing variables, never values)."""
     if code == "mtn":
-        from .mtn import MtnMomo
+        from vpay.rails.mtn import MtnMomo
         return MtnMomo.from_env(**overrides)
     if code == "orange":
-        from .orange import OrangeMoney
+        from vpay.rails.orange import OrangeMoney
         return OrangeMoney.from_env(**overrides)
     raise RailError(f"unknown rail {code!r}; known: {', '.join(KNOWN_RAILS)}")
 

@@ -1,7 +1,7 @@
 """HTTP plumbing the rail adapters share (``vpay.rails.mtn``, ``vpay.rails.orange``).
 
 One exchange with bounded transport retries inside a call's total deadline
-(``vpay.http_deadline.Deadline``), the backpressure rule (a 429/503 with
+(``vpay.base.http_deadline.Deadline``), the backpressure rule (a 429/503 with
 ``Retry-After`` closes the adapter's ``RailGate`` and raises ``RailPaused``),
 and the internal "no answer" value both adapters turn into ``NO_ANSWER`` /
 ``MISCONFIGURED``. What differs per rail (which answers are retried, texts
@@ -27,9 +27,9 @@ from tenacity import (
 from tenacity.retry import retry_base as RetryBaseT
 from tenacity.stop import stop_base
 
-from ..http_deadline import Deadline, parse_retry_after
-from ..rail_gate import RailGate
-from .port import RailPaused, RailStatus, StatusKind, Submit, SubmitKind
+from vpay.base.http_deadline import Deadline, parse_retry_after
+from vpay.rails.gate import RailGate
+from vpay.rails.port import RailPaused, RailStatus, StatusKind, Submit, SubmitKind
 
 # Transport retries inside one call: attempts, waits between them (seconds),
 # and a budget after which no new attempt starts (seconds).

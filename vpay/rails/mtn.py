@@ -26,7 +26,7 @@ Shape of the adapter:
   network) does: every answer becomes a ``Submit`` / ``RailStatus`` value, and
   anything we cannot read is ``NO_ANSWER``, never a decline.
 * Every call (token fetch, transport retries and a 401's one retry included)
-  runs under one total deadline (``vpay.http_deadline.Deadline``,
+  runs under one total deadline (``vpay.base.http_deadline.Deadline``,
   ``VPAY_MTN_TOTAL_TIMEOUT_SECONDS``, default 20 s), however the rail
   trickles; each HTTP exchange also has (connect, read) timeouts and at most
   ``MAX_ATTEMPTS`` attempts (see ``MtnMomo.__init__``).
@@ -66,40 +66,18 @@ from typing import Any, Callable, Mapping
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import requests
-from ..http_deadline import Deadline, new_session
-from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
+from vpay.base.http_deadline import Deadline, new_session
+from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 
-from .http import (  # noqa: F401  (MAX_ATTEMPTS etc. re-exported)
-    MAX_ATTEMPTS,
-    RETRY_BUDGET_SECONDS,
-    RETRY_WAITS,
-    NoAnswer,
-    exchange,
-    json_object,
-    lifetime_seconds,
-)
-from vpay.rails.port import (
-    CallbackIds,
-    reported_currency,
-    ChargeRequest,
-    MalformedCallback,
-    RailError,
-    RailPaused,  # noqa: F401  (raised through vpay.rails.http.exchange; documented here)
-    RailStatus,
-    RefundRequest,
-    StatusKind,
-    Submit,
-    SubmitKind,
-    http_url_problem,
-    seconds_setting,
-)
+from vpay.rails.http import MAX_ATTEMPTS, RETRY_BUDGET_SECONDS, RETRY_WAITS, NoAnswer, exchange, json_object, lifetime_seconds
+from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, seconds_setting
 
-from ..currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
-from ..metrics import rail_call
+from vpay.money.currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
+from vpay.rails.calls import rail_call
 
 log = logging.getLogger("vpay.rails.mtn")
 
-# Amounts: minor units to MoMo's decimal string live in vpay.currency (one table
+# Amounts: minor units to MoMo's decimal string live in vpay.money.currency (one table
 # of ISO 4217 exponents for the whole project).
 
 
@@ -249,7 +227,7 @@ class MtnMomo:
         appended. Timeouts are in seconds and apply to every request.
 
         Time bound of one call: ``total_timeout`` seconds, whatever the rail
-        does (``vpay.http_deadline``: the sockets are shut when it passes and
+        does (``vpay.base.http_deadline``: the sockets are shut when it passes and
         the call answers NO_ANSWER ``TIMEOUT``). Within it, each HTTP exchange
         makes at most ``MAX_ATTEMPTS`` attempts, each bounded by the two
         timeouts, with ``RETRY_WAITS`` between them, and starts no new

@@ -36,7 +36,7 @@ backpressure and "no answer" value are ``vpay.rails.http``, shared by both):
   ``Submit`` / ``RailStatus`` value, and anything unreadable is ``NO_ANSWER``,
   never a decline.
 * Every call (token fetch, transport retries and a 401's one retry included)
-  runs under one total deadline (``vpay.http_deadline.Deadline``,
+  runs under one total deadline (``vpay.base.http_deadline.Deadline``,
   ``VPAY_ORANGE_TOTAL_TIMEOUT_SECONDS``, default 20 s), however Orange
   trickles; each HTTP exchange also has (connect, read) timeouts and a
   bounded number of attempts (``MAX_ATTEMPTS``).
@@ -74,36 +74,12 @@ from typing import Any, Callable, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import requests
-from ..currency import exponent
-from ..http_deadline import Deadline, new_session
-from ..rail_gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
-from ..metrics import rail_call
-from .http import (  # noqa: F401  (MAX_ATTEMPTS etc. re-exported)
-    MAX_ATTEMPTS,
-    RETRY_BUDGET_SECONDS,
-    RETRY_TRANSPORT_AND_5XX,
-    RETRY_UNSENT_ONLY,
-    RETRY_WAITS,
-    NoAnswer,
-    exchange,
-    json_object,
-    lifetime_seconds,
-)
-from .port import (
-    CallbackIds,
-    reported_currency,
-    ChargeRequest,
-    MalformedCallback,
-    RailError,
-    RailPaused,  # noqa: F401  (raised through vpay.rails.http.exchange; documented here)
-    RailStatus,
-    RefundRequest,
-    StatusKind,
-    Submit,
-    SubmitKind,
-    http_url_problem,
-    seconds_setting,
-)
+from vpay.money.currency import exponent
+from vpay.base.http_deadline import Deadline, new_session
+from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
+from vpay.rails.calls import rail_call
+from vpay.rails.http import MAX_ATTEMPTS, RETRY_BUDGET_SECONDS, RETRY_TRANSPORT_AND_5XX, RETRY_UNSENT_ONLY, RETRY_WAITS, NoAnswer, exchange, json_object, lifetime_seconds
+from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, seconds_setting
 
 log = logging.getLogger("vpay.rails.orange")
 
@@ -228,7 +204,7 @@ class OrangeMoney:
         are in seconds and apply to every request.
 
         Time bound of one call: ``total_timeout`` seconds whatever Orange
-        does (``vpay.http_deadline``). Within it, at most four exchanges
+        does (``vpay.base.http_deadline``). Within it, at most four exchanges
         (token, the operation, and after a 401 a new token and the operation
         once more); a status read or token exchange makes at most
         ``MAX_ATTEMPTS`` attempts with ``RETRY_WAITS`` between them and none
@@ -343,7 +319,7 @@ class OrangeMoney:
         * 201 (or 200) with ``pay_token``, ``payment_url`` (http(s)) and
           ``notif_token`` → ACCEPTED, ``rail_data`` = those three strings. The
           caller stores ``pay_token`` and ``payment_url`` and only a hash of
-          ``notif_token`` (``vpay.payments.submit``).
+          ``notif_token`` (``vpay.money.payments.submit``).
         * 400 → REJECTED (``BAD_REQUEST`` or Orange's code): the request as
           such was refused, sending it again cannot help.
         * 403 ``FORBIDDEN``: Orange answers 403 to a merchant_key it does

@@ -19,8 +19,15 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
-from ..settings import env_seconds
+from vpay.base.settings import env_seconds
 
+
+
+KNOWN_RAILS = ("mtn", "orange")
+"""Rails a charge may name: MTN MoMo (``vpay.rails.mtn``) and Orange Money Web
+Payment (``vpay.rails.orange``). A known rail may still be unconfigured in a
+given process: ``vpay.rails.build_rail`` then raises ``RailError``. Each is
+also a lane (``vpay.money.lanes``)."""
 
 class RailError(Exception):
     """A rail adapter could not be built or called as configured (missing base
@@ -31,7 +38,7 @@ class RailError(Exception):
 class RailPaused(Exception):
     """The rail asked for less traffic (HTTP 429 or 503 with ``Retry-After``,
     design/rails.md) and this process holds every call to it until
-    ``seconds`` from now (``vpay.rail_gate.RailGate``). Raised by an
+    ``seconds`` from now (``vpay.rails.gate.RailGate``). Raised by an
     adapter's ``request_to_pay``, ``status``, ``refund`` and
     ``refund_status`` before any request is sent while the pause lasts, and
     by the call whose answer asked for it. Not a rail answer and never a
@@ -101,7 +108,7 @@ class Submit:
     reason: str | None = None
     http_status: int | None = None
     # ACCEPTED only: what the rail handed back and the caller must keep, e.g.
-    # Orange's pay_token, payment_url and notif_token (vpay.payments.submit
+    # Orange's pay_token, payment_url and notif_token (vpay.money.payments.submit
     # stores the first two and only the SHA-256 of notif_token). Empty for MTN.
     rail_data: Mapping[str, str] = field(default_factory=dict)
 

@@ -192,8 +192,8 @@ __all__ = [
     "main",
 ]
 
-from . import server as _server  # noqa: E402
-from .server import SandboxHandler, SandboxServer, is_loopback_host  # noqa: E402
+from vpay.sandbox import server as _server  # noqa: E402
+from vpay.sandbox.server import SandboxHandler, SandboxServer, is_loopback_host  # noqa: E402
 
 log = logging.getLogger("vpay.sandbox.mtn")
 

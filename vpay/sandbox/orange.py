@@ -94,7 +94,7 @@ from typing import Any, Mapping
 __all__ = ["OrangeSandbox", "DEFAULT_CLIENT_ID", "DEFAULT_CLIENT_SECRET", "DEFAULT_MERCHANT_KEY",
            "STATUSES", "main"]
 
-from .server import SandboxHandler, SandboxServer, is_loopback_host  # noqa: E402
+from vpay.sandbox.server import SandboxHandler, SandboxServer, is_loopback_host  # noqa: E402
 
 log = logging.getLogger("vpay.sandbox.orange")
 

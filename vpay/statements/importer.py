@@ -4,7 +4,7 @@ transaction, so a crash or a refusal half-way leaves nothing behind.
 Dry run (the default) writes nothing. ``--apply`` records the statement (file
 hash, period, line count) and every line with its outcome, settles each
 ``would_settle`` line through the money state machine with the line as the
-evidence (``money.settle_with_evidence``, ``refunds.settle_refund_with_evidence``:
+evidence (``charges.settle_with_evidence``, ``refunds.settle_refund_with_evidence``:
 one transition, one event, one ``settlement_evidence`` row), and raises the
 alerts. Idempotent: a file already imported (same rail, same SHA-256) changes
 nothing and answers the stored report; an overlapping statement finds the
@@ -21,14 +21,14 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from .. import money, refunds
-from ..ids import new_id
-from ..queries import Q
-from . import report as reports
-from .lines import typed
-from .matcher import LAG_SECONDS, Judgement, Plan, plan
-from .profiles import Profile, resolve
-from .reader import read
+from vpay.money import charges, refunds
+from vpay.money.ids import new_id
+from vpay.base.queries import Q
+from vpay.statements import report as reports
+from vpay.statements.lines import typed
+from vpay.statements.matcher import LAG_SECONDS, Judgement, Plan, plan
+from vpay.statements.profiles import Profile, resolve
+from vpay.statements.reader import read
 
 log = logging.getLogger("vpay.statements")
 
@@ -88,7 +88,7 @@ def _apply(conn: psycopg.Connection, meta: dict[str, Any], judged: Plan) -> dict
 
 def _settle(conn: psycopg.Connection, statement_id: str, j: Judgement) -> None:
     line = j.line
-    evidence = money.Evidence(
+    evidence = charges.Evidence(
         "statement", f"statement {statement_id} line {line.line_no}: {line.status_text} "
                      f"{line.amount_text or '-'} {line.currency or ''} reference {line.reference or '-'} "
                      f"rail transaction {line.rail_transaction_id or '-'} at {line.time.isoformat()}",
@@ -98,7 +98,7 @@ def _settle(conn: psycopg.Connection, statement_id: str, j: Judgement) -> None:
         result = refunds.settle_refund_with_evidence(conn, j.refund_id, j.settle, evidence, failure_code=code,
                                                      rail_transaction_id=line.rail_transaction_id)
     else:
-        result = money.settle_with_evidence(conn, j.charge_id, j.settle, evidence, failure_code=code,
+        result = charges.settle_with_evidence(conn, j.charge_id, j.settle, evidence, failure_code=code,
                                             rail_transaction_id=line.rail_transaction_id)
     if result.transitioned:
         j.outcome = "settled"

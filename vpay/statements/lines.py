@@ -4,7 +4,7 @@ other lines go on. Two lines naming the same transaction refuse the file.
 
 Amounts: decimal strings in major units (``1500``, ``10.50``, ``-10.50``),
 turned into integer minor units by the currency's ISO 4217 exponent
-(``vpay.currency``), never through a float; more decimals than the exponent,
+(``vpay.money.currency``), never through a float; more decimals than the exponent,
 thousands separators or a decimal comma are errors. A negative amount is
 read as its size on a refund line (money out) and is an error on a
 collection. Times: ISO 8601; no offset means UTC.
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
 
-from ..currency import exponent
-from .profiles import Profile
-from .reader import BadFile, RawStatement
+from vpay.money.currency import exponent
+from vpay.statements.profiles import Profile
+from vpay.statements.reader import BadFile, RawStatement
 
 SUCCEEDED = frozenset({"SUCCESSFUL", "SUCCESS", "SUCCEEDED", "COMPLETED"})
 FAILED = frozenset({"FAILED", "FAILURE", "REJECTED", "DECLINED", "EXPIRED", "CANCELLED", "CANCELED"})

@@ -34,9 +34,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from ..currency import minor_to_major_string
-from ..queries import Q
-from .lines import Line
+from vpay.money.currency import minor_to_major_string
+from vpay.base.queries import Q
+from vpay.statements.lines import Line
 
 LAG_SECONDS = 3600.0
 """How far a statement may lag the latest transactions (design/rails.md)."""

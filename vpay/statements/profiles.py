@@ -115,7 +115,7 @@ def resolve(profile: Profile, header: list[str]) -> dict[str, str]:
     """The columns this file uses: map key → column name, for every key the
     profile names and the file has. Raises ``reader.BadFile`` (the file does
     not fit the format) when a needed column is absent."""
-    from .reader import BadFile
+    from vpay.statements.reader import BadFile
     present = {k: c for k, c in profile.columns.items() if c in header}
     absent = [c for k, c in profile.columns.items() if k not in present and k not in profile.optional]
     if "reference" not in present and "rail_transaction_id" not in present:

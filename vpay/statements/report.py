@@ -16,7 +16,7 @@ import io
 import re
 from typing import Any
 
-from ..currency import minor_to_major_string
+from vpay.money.currency import minor_to_major_string
 
 OUTCOMES = ("matched", "settled", "would_settle", "contradiction", "unknown_rail_transaction",
             "missing_from_statement", "within_lag", "still_pending", "error")

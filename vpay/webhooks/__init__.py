@@ -11,13 +11,11 @@ nothing here touches the queue. The names below are the package's public
 surface, imported from their modules.
 """
 
-from .endpoints import (add_endpoint, disable_endpoint, enable_endpoint, held_by_policy, hold_endpoint,
-                        list_endpoints, rotate_secret)
-from .policy import ALLOW_PRIVATE_ENV, Target, UrlRefused, address_problem, allow_private, check_url, resolve_host
-from .schedule import MAX_ATTEMPTS, RETRY_AFTER_CAP_SECONDS, RETRY_SCHEDULE, Decision, decide, retry_delay
-from .signing import new_secret, payload, signature, signed_headers
-from .transport import (CONNECT_TIMEOUT_ENV, MAX_RESPONSE_BYTES, READ_TIMEOUT_ENV, Attempt, attempt_deadline,
-                        parse_retry_after, post, timeouts)
+from vpay.webhooks.endpoints import add_endpoint, disable_endpoint, enable_endpoint, held_by_policy, hold_endpoint, list_endpoints, rotate_secret
+from vpay.webhooks.policy import ALLOW_PRIVATE_ENV, Target, UrlRefused, address_problem, allow_private, check_url, resolve_host
+from vpay.webhooks.schedule import MAX_ATTEMPTS, RETRY_AFTER_CAP_SECONDS, RETRY_SCHEDULE, Decision, decide, retry_delay
+from vpay.webhooks.signing import new_secret, payload, signature, signed_headers
+from vpay.webhooks.transport import CONNECT_TIMEOUT_ENV, MAX_RESPONSE_BYTES, READ_TIMEOUT_ENV, Attempt, attempt_deadline, parse_retry_after, post, timeouts
 
 __all__ = [
     "ALLOW_PRIVATE_ENV", "CONNECT_TIMEOUT_ENV", "MAX_ATTEMPTS", "MAX_RESPONSE_BYTES", "READ_TIMEOUT_ENV",

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.rows import dict_row
 
-from ..queries import Q
-from .transport import Attempt
+from vpay.base.queries import Q
+from vpay.webhooks.transport import Attempt
 
 log = logging.getLogger("vpay.webhooks")
 

@@ -9,12 +9,12 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.rows import dict_row
 
-from ..ids import new_id
-from ..queries import Q
+from vpay.money.ids import new_id
+from vpay.base.queries import Q
 
 
-from .policy import allow_private, check_url
-from .signing import new_secret
+from vpay.webhooks.policy import allow_private, check_url
+from vpay.webhooks.signing import new_secret
 
 log = logging.getLogger("vpay.webhooks.endpoints")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 
 
-from .transport import Attempt
+from vpay.webhooks.transport import Attempt
 
 
 RETRY_AFTER_CAP_SECONDS = 3600.0

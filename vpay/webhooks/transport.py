@@ -3,7 +3,7 @@
 * **Timeouts**: connect 5 s, read 15 s (per socket read, as ``requests``
   means it), configurable by ``VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS`` and
   ``VPAY_WEBHOOK_READ_TIMEOUT_SECONDS``; and a whole-attempt deadline of
-  connect + 2 x read enforced by ``vpay.http_deadline.Deadline`` (a watchdog
+  connect + 2 x read enforced by ``vpay.base.http_deadline.Deadline`` (a watchdog
   that shuts the socket; the rail adapters use the same one), so a receiver
   dribbling bytes cannot hold a claim loop longer. The response
   body is read at most ``MAX_RESPONSE_BYTES`` (64 KiB).
@@ -23,9 +23,9 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import NewConnectionError
 
-from ..settings import env_seconds
-from ..http_deadline import WATCHED_POOLS, Deadline, parse_retry_after
-from .policy import UrlRefused, check_url
+from vpay.base.settings import env_seconds
+from vpay.base.http_deadline import WATCHED_POOLS, Deadline, parse_retry_after
+from vpay.webhooks.policy import UrlRefused, check_url
 
 __all__ = ["Attempt", "CONNECT_TIMEOUT_ENV", "MAX_RESPONSE_BYTES", "READ_TIMEOUT_ENV", "attempt_deadline",
            "parse_retry_after", "post", "timeouts"]

@@ -7,7 +7,7 @@ resolved by hand only when the machine has handed it to a person: it is
 alert (a contradiction or another finding someone must look at). The
 operator's evidence (a statement line, a rail ticket, the payer's SMS
 receipt) is required and stored (``settlement_evidence``), and the charge
-moves exactly as a rail answer would move it: ``money.settle_with_evidence``,
+moves exactly as a rail answer would move it: ``charges.settle_with_evidence``,
 one transition, one event. The charge's age plays no part in the rule.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from . import money
-from .queries import Q
+from vpay.money import charges
+from vpay.base.queries import Q
 
 EVIDENCE_MAX_CHARS = 2000
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -57,14 +57,14 @@ def resolve_charge(conn: psycopg.Connection, charge_id: str, outcome: str, evide
         if row["status"] == "pending" and not row["has_open_alert"]:
             raise Refused("no_open_alert", f"charge {charge_id} is pending and no alert asks for a person: "
                                            "the poll ladder is still deciding it (age is not evidence)")
-        result = money.settle_with_evidence(
-            conn, charge_id, outcome, money.Evidence("operator", text),
+        result = charges.settle_with_evidence(
+            conn, charge_id, outcome, charges.Evidence("operator", text),
             failure_code="resolved_by_operator" if outcome == "failed" else None)
         if not result.transitioned:  # the row is locked and live: the CAS cannot miss
             raise RuntimeError(f"charge {charge_id} did not move: {result}")
         ev = cur.execute(Q["evidence_of_charge"], {"id": charge_id}).fetchone()
-    charge = money.load_charge(conn, charge_id)
-    return {"charge": money.charge_view(charge),
+    charge = charges.load_charge(conn, charge_id)
+    return {"charge": charges.charge_view(charge),
             "evidence": {"id": ev["id"], "outcome": ev["outcome"], "source": ev["source"],
                          "evidence": ev["evidence"], "created": ev["created_at"].isoformat()}}
 

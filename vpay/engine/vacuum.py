@@ -57,9 +57,9 @@ from typing import Mapping
 
 import psycopg
 
-from . import metrics
-from .db import ConfigError
-from .queries import Q
+from vpay.base import metrics
+from vpay.base.db import ConfigError
+from vpay.base.queries import Q
 
 log = logging.getLogger("vpay.worker")
 

@@ -22,7 +22,7 @@ What differs between operations is described by one ``Pollable`` value: its
 state table, job kind, payload key, event names, alert kind, which port
 method reads its status, and what else a settle writes (the charge's intent;
 the refund's event on its charge's intent). ``vpay.money.CHARGES`` and
-``vpay.refunds.REFUNDS`` are the two in use; the generic poll handler body is
+``vpay.money.refunds.REFUNDS`` are the two in use; the generic poll handler body is
 ``vpay.handlers.polling.poll_once``. Adding a pollable operation: a port
 method to read its status, a state table with the columns named in
 ``sql/queries/pollable.sql``, a ``Pollable`` and one ``register_pollable``
@@ -44,9 +44,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from .outcome import Outcome
-from .queries import Q
-from .rails.port import Rail, RailStatus, StatusKind
+from vpay.engine.outcome import Outcome
+from vpay.base.queries import Q
+from vpay.rails.port import Rail, RailStatus, StatusKind
 
 log = logging.getLogger("vpay.pollable")
 

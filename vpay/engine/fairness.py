@@ -44,12 +44,15 @@ from typing import Callable
 
 import psycopg
 
-from .queries import Q
+from vpay.base.queries import Q
+from vpay.engine import lanes as _lanes
 
-FAIR_LANES: tuple[str, ...] = ("mtn", "orange", "webhooks")
-"""Lanes whose jobs work for one merchant each (``jobs.fair_key``): the rail
-lanes (status reads, re-sends, refund reads) and webhook deliveries.
-Housekeeping jobs have no merchant and are never rebalanced."""
+def fair_lanes() -> tuple[str, ...]:
+    """Lanes whose jobs work for one party each (``jobs.fair_key``), as
+    registered (``vpay.engine.lanes.register_lane(fair=True)``): in the money
+    domain the rail lanes (status reads, re-sends, refund reads) and webhook
+    deliveries. Housekeeping jobs have no party and are never rebalanced."""
+    return _lanes.FAIR_LANES
 
 SHARE = 1
 """Due jobs a merchant without a backlog keeps in round 0 (served by age,
@@ -87,7 +90,7 @@ class Rebalancer:
 
     def __init__(self, share: int = SHARE, behind: float = BEHIND_SECONDS,
                  interval: float = PASS_INTERVAL, age: float = ROUND_AGE_SECONDS,
-                 lanes: tuple[str, ...] = FAIR_LANES,
+                 lanes: tuple[str, ...] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if share < 1:
             raise ValueError(f"share {share}: each merchant keeps at least 1 due job in place")
@@ -97,7 +100,7 @@ class Rebalancer:
         self.age = age
         self.behind = behind
         self.interval = interval
-        self.lanes = frozenset(lanes)
+        self.lanes = frozenset(fair_lanes() if lanes is None else lanes)
         self._clock = clock
         self._last: dict[str, float] = {}
         self._lock = threading.Lock()

@@ -29,8 +29,8 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from . import lanes as _lanes
-from .queries import Q
+from vpay.engine import lanes as _lanes
+from vpay.base.queries import Q
 
 MAX_FAILURES = 5
 """Consecutive claims without an Outcome (a raised exception, or a lease that
@@ -42,7 +42,7 @@ class Job:
     """A claimed job. ``attempts`` counts claims including this one;
     ``failures`` the consecutive claims before this one that ended without
     an outcome; ``lease_token`` fences every write that ends this lease;
-    ``lane`` is the job's lane (``vpay.lanes``)."""
+    ``lane`` is the job's lane (``vpay.engine.lanes``)."""
 
     id: int
     kind: str
@@ -68,18 +68,18 @@ def enqueue(conn: psycopg.Connection, kind: str, dedupe_key: str,
     """Insert a job due in ``delay`` seconds unless one with ``dedupe_key``
     exists (``ON CONFLICT DO NOTHING``). Answers whether it inserted.
 
-    The job's lane is ``lanes.lane_for(kind, rail)``. For a rail kind
-    (``poll``, ``resubmit``, ``refund_poll``) without ``rail``, the rail is
-    read from the payload's ``charge_id`` (or ``refund_id``) on ``conn``, so
-    inside the caller's transaction a charge created there is seen. ``lane``
-    places the job explicitly (tests; it must be one of ``lanes.LANES``).
-    Raises ``lanes.LaneError`` when the lane cannot be known (a rail kind
-    whose charge or refund does not exist): nothing is inserted."""
+    The job's lane is ``lanes.lane_for(kind, rail)``. For a routed kind
+    (registered with a resolver by the layer that owns it, e.g. ``poll``,
+    ``resubmit``, ``refund_poll``: ``vpay.money.lanes``) without ``rail``,
+    the resolver reads the route from the payload on ``conn``, so inside the
+    caller's transaction a row created there is seen. ``lane`` places the
+    job explicitly (tests; it must be one of ``lanes.LANES``). Raises
+    ``lanes.LaneError`` when the lane cannot be known (a routed kind whose
+    subject does not exist): nothing is inserted."""
     payload = payload or {}
     if lane is None:
         if kind in _lanes.RAIL_KINDS and rail is None:
-            rail = conn.execute(Q["job_rail"], {"charge_id": payload.get("charge_id"),
-                                                "refund_id": payload.get("refund_id")}).fetchone()[0]
+            rail = _lanes.resolve_route(kind, conn, payload)
         lane = _lanes.lane_for(kind, rail)
     elif lane not in _lanes.LANES:
         raise _lanes.LaneError(f"unknown lane {lane!r}; lanes are {','.join(_lanes.LANES)}")
@@ -93,7 +93,7 @@ def claim(conn: psycopg.Connection, worker: str, lease: float = 300.0,
     """Lease the oldest due job of ``lanes`` (default: every lane) for
     ``worker`` for ``lease`` seconds (the row's ``lease_expires_at``), or
     ``None`` when nothing is due there. A job within its merchant's share
-    comes before any over-share one (``vpay.fairness``). One lane uses
+    comes before any over-share one (``vpay.engine.fairness``). One lane uses
     ``claim_lane`` (ordered scans of ``jobs_claimable_lane`` and
     ``jobs_over_share``); several use ``claim_lanes``; both with no job to
     finish (``id`` NULL)."""

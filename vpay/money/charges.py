@@ -13,7 +13,7 @@ webhook job in the same transaction. Amounts are integers in minor units.
 
 The rules a charge shares with every polled operation (the ladder, the
 24-hour escalation, the settle compare-and-swap, contradictions) are
-``vpay.pollable``'s; ``CHARGES`` (at the end) describes what is a charge's
+``vpay.money.pollable``'s; ``CHARGES`` (at the end) describes what is a charge's
 own: its intent moves with it, and its prompt has a TTL.
 """
 
@@ -29,13 +29,14 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from . import misconfiguration, pollable, queue
-from .currency import CURRENCIES
-from .ids import new_id, new_rail_reference
-from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
-from .queries import Q
-from .rails import KNOWN_RAILS
-from .rails.port import ChargeRequest, Rail, RailStatus, StatusKind
+from vpay.money import misconfiguration, pollable
+from vpay.engine import queue
+from vpay.money.currency import CURRENCIES
+from vpay.money.ids import new_id, new_rail_reference
+from vpay.money.pollable import FIRST_POLL_SECONDS, Pollable, Settled
+from vpay.base.queries import Q
+from vpay.rails.port import KNOWN_RAILS
+from vpay.rails.port import ChargeRequest, Rail, RailStatus, StatusKind
 
 log = logging.getLogger("vpay.money")
 
@@ -67,7 +68,7 @@ def validate(merchant_id: str, amount: Any, currency: Any, rail: Any, payer: Any
     """Normalise and check a payment's input. Raises ``InvalidPayment``.
 
     amount: a positive int in minor units (bools and floats are refused);
-    currency: an ISO 4217 code this service supports (``vpay.currency``);
+    currency: an ISO 4217 code this service supports (``vpay.money.currency``);
     payer: an MSISDN, 8 to 15 digits, an optional leading ``+`` dropped;
     rail: one of ``vpay.rails.KNOWN_RAILS``.
     """
@@ -98,7 +99,7 @@ def emit_event(conn: psycopg.Connection, type_: str, intent: dict[str, Any],
     ``failure_code`` and ``failure_kind`` at the top of its data:
     ``configuration`` for ``rail_configuration_refused``, so that no webhook
     consumer can read our misconfiguration as a payer decline
-    (``vpay.misconfiguration.failure_kind``)."""
+    (``vpay.money.misconfiguration.failure_kind``)."""
     data = {"object": intent_view(intent), "charge": charge_view(charge), **(extra or {})}
     failed = {"payment_intent.payment_failed": charge,
               "refund.failed": (extra or {}).get("refund") or {}}.get(type_)
@@ -215,7 +216,7 @@ def mark_submitted(conn: psycopg.Connection, charge_id: str) -> bool:
 
 def record_poll(conn: psycopg.Connection, charge_id: str, rail_knows: bool) -> None:
     """Stamp ``last_polled_at``; when the rail knew the reference, also
-    ``submitted_at`` (``vpay.pollable.record_poll``)."""
+    ``submitted_at`` (``vpay.money.pollable.record_poll``)."""
     pollable.record_poll(conn, CHARGES, charge_id, rail_knows)
 
 
@@ -227,7 +228,7 @@ def settle(conn: psycopg.Connection, charge_id: str, kind: StatusKind, *,
     (``failure_code`` kept), intent ``requires_payment_method``,
     ``payment_intent.payment_failed``.
 
-    The shared compare-and-swap (``vpay.pollable.settle``): when the charge
+    The shared compare-and-swap (``vpay.money.pollable.settle``): when the charge
     is already terminal nothing changes; if it ended the other way the rail
     has contradicted us, and a ``rail_contradiction`` alert is written
     (``where: settle``). Raises ``ValueError`` for a non-terminal ``kind``
@@ -358,7 +359,7 @@ CHARGES = Pollable(
     settle_where="settle",
     kill_points=("before_settle_commit", "after_settle_commit"),
 )
-"""Charges as a pollable operation (``poll:<charge_id>``; vpay.pollable)."""
+"""Charges as a pollable operation (``poll:<charge_id>``; vpay.money.pollable)."""
 
 
 @dataclass(frozen=True)
@@ -379,7 +380,7 @@ def settle_proven(conn: psycopg.Connection, p: Pollable, item_id: str, outcome: 
     """Settle a charge or refund (``p``: ``CHARGES``, ``refunds.REFUNDS``)
     whose outcome something other than a status read proves (a statement
     line, an operator's note): the shared compare-and-swap
-    (``vpay.pollable.settle``: one transition, one event, a contradiction
+    (``vpay.money.pollable.settle``: one transition, one event, a contradiction
     alerted there) plus one ``settlement_evidence`` row, written only when the
     CAS moved the row, all in one transaction. ``outcome`` is ``succeeded``
     or ``failed``. Raises ``ValueError`` for another outcome or empty

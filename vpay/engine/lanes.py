@@ -4,60 +4,107 @@ are split among them (issue #11, "Isolation"; contract: "Lanes").
 A lane is stored on the job row (``jobs.lane``, set at enqueue) and a claim
 loop only claims jobs of the lanes it serves, so a peer that is slow on
 purpose or by accident (a hanging merchant endpoint, a trickling rail) holds
-only its own lane's loops. The names are fixed (contract, HELPERS.md):
+only its own lane's loops.
 
-=============  ==================================================================
-lane           kinds
-=============  ==================================================================
-``mtn``        ``poll``, ``resubmit``, ``refund_poll`` of charges/refunds on MTN
-``orange``     the same on Orange Money
-``webhooks``   ``fanout``, ``deliver``
-``housekeeping`` ``scan``, ``sweep``; also the test kinds (``test.*``) and any
-               kind no handler knows (its loop dead-letters it, visibly)
-=============  ==================================================================
-
-This module owns the mapping. The two SQL statements that insert jobs
-without Python (``scan_live`` in sql/queries/money.sql: a poll's lane is its
-charge's rail; ``fanout_deliveries`` in sql/queries/webhooks.sql:
-``webhooks``) follow the same rule; tests/test_lanes.py checks they agree.
+The engine knows one lane of its own, ``housekeeping`` (its scheduled
+maintenance, test kinds, and any kind no layer registered: its loop
+dead-letters an unknown kind, visibly). Every other lane is **registered by
+the layer above** that owns the work (``register_lane``, ``register_kind``;
+the money domain registers one lane per rail and ``webhooks``:
+``vpay.money.lanes``), so this module holds no domain name. A kind is either
+*fixed* to one lane, or *routed*: its lane is chosen per job among the routed
+lanes (a status read goes to the lane of its charge's rail), by the route
+given at enqueue or by the kind's resolver reading the payload.
 
 The split (``split``): ``--worker-concurrency`` is the total number of claim
 loops. Each lane served gets at least one loop of its own; the loops left
 over are dealt one at a time to the lanes in priority order (``LANES``:
-rails first), so 5 loops on all lanes give ``mtn`` 2. A rail lane whose rail
-is not configured in this worker (its jobs can only wait) shares the
-``housekeeping`` loop instead of taking one. With fewer loops than lanes,
-neighbouring lanes in priority order share a loop (later groups larger):
-3 loops → ``mtn`` | ``orange`` | ``webhooks+housekeeping``; 2 → ``mtn+orange``
-| ``webhooks+housekeeping``; 1 → all. Lanes sharing a loop are not isolated
-from each other; the worker logs a warning at boot saying which.
+lowest ``priority`` first; the rails), so 5 loops on all lanes give ``mtn`` 2.
+A routed lane that cannot be worked in this worker (its rail is not
+configured: ``passive``) shares the ``housekeeping`` loop instead of taking
+one. With fewer loops than lanes, neighbouring lanes in priority order share
+a loop (later groups larger): 3 loops → ``mtn`` | ``orange`` |
+``webhooks+housekeeping``; 2 → ``mtn+orange`` | ``webhooks+housekeeping``;
+1 → all. Lanes sharing a loop are not isolated from each other; the worker
+logs a warning at boot saying which.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
-
-LANES: tuple[str, ...] = ("mtn", "orange", "webhooks", "housekeeping")
-"""Every lane, in priority order (the order spare loops are dealt in)."""
-
-RAIL_LANES: tuple[str, ...] = ("mtn", "orange")
-"""Lanes named after the rail whose API their jobs call."""
-
-RAIL_KINDS = frozenset({"poll", "resubmit", "refund_poll"})
-"""Kinds whose lane is the rail of their charge or refund."""
-
-FIXED: Mapping[str, str] = {
-    "fanout": "webhooks",
-    "deliver": "webhooks",
-    "scan": "housekeeping",
-    "sweep": "housekeeping",
-}
-"""Kinds whose lane does not depend on a rail."""
+from typing import Any, Callable, Iterable, Mapping
 
 DEFAULT_LANE = "housekeeping"
-"""Test kinds (vpay/handlers/testing.py) and unknown kinds. Unknown kinds
-are dead-lettered by ``handlers.handle`` on first claim; housekeeping is the
-lane every default worker serves, so they are seen rather than stranded."""
+"""The engine's own lane: scheduled maintenance, test kinds and unknown kinds.
+Unknown kinds are dead-lettered on first claim; housekeeping is the lane
+every default worker serves, so they are seen rather than stranded."""
+
+DEFAULT_PRIORITY = 1000
+"""``housekeeping`` is dealt spare loops last."""
+
+LANES: tuple[str, ...] = (DEFAULT_LANE,)
+"""Every registered lane, in priority order (the order spare loops are dealt
+in). Rebound by ``register_lane``: read it as ``lanes.LANES``."""
+
+RAIL_LANES: tuple[str, ...] = ()
+"""The routed lanes (one per rail), in priority order."""
+
+RAIL_KINDS: frozenset[str] = frozenset()
+"""Routed kinds: their lane is one of ``RAIL_LANES``, chosen per job."""
+
+FAIR_LANES: tuple[str, ...] = ()
+"""Lanes whose jobs each work for one party (``jobs.fair_key``): rebalanced
+by ``vpay.engine.fairness`` when behind."""
+
+FIXED: dict[str, str] = {}
+"""Kinds whose lane does not depend on the job."""
+
+_priority: dict[str, int] = {DEFAULT_LANE: DEFAULT_PRIORITY}
+_resolvers: dict[str, Callable[[Any, dict], str | None]] = {}
+
+
+def register_lane(name: str, priority: int, *, routed: bool = False, fair: bool = False) -> None:
+    """Make ``name`` a lane. ``priority``: lower is dealt spare loops first.
+    ``routed``: a lane routed kinds may be sent to (one per rail). ``fair``:
+    its jobs carry a party in ``jobs.fair_key`` and are rebalanced when the
+    lane falls behind. Registering the same lane again with the same
+    settings changes nothing; with other settings it raises ``LaneError``
+    (two layers disagreeing about a lane is a bug). The ``jobs.lane`` CHECK
+    (a migration) must admit the name."""
+    global LANES, RAIL_LANES, FAIR_LANES
+    if name in _priority:
+        if _priority[name] != priority or (name in RAIL_LANES) != routed or (name in FAIR_LANES) != fair:
+            raise LaneError(f"lane {name!r} registered twice with different settings")
+        return
+    _priority[name] = priority
+    LANES = tuple(sorted(_priority, key=lambda lane: (_priority[lane], lane)))
+    if routed:
+        RAIL_LANES = tuple(lane for lane in LANES if lane in set(RAIL_LANES) | {name})
+    if fair:
+        FAIR_LANES = tuple(lane for lane in LANES if lane in set(FAIR_LANES) | {name})
+
+
+def register_kind(kind: str, lane: str | None = None, *,
+                  resolve: Callable[[Any, dict], str | None] | None = None) -> None:
+    """Give job ``kind`` its lane: ``lane`` (a registered lane) for a fixed
+    kind, or ``resolve`` for a routed one: ``resolve(conn, payload)`` answers
+    the route (a routed lane's name, or ``None`` when the job's subject does
+    not exist) inside the enqueuing transaction, for an enqueue that names
+    no route. Raises ``LaneError`` for an unknown lane or a kind given both."""
+    global RAIL_KINDS
+    if (lane is None) == (resolve is None):
+        raise LaneError(f"kind {kind!r}: give a lane or a resolver, not both or neither")
+    if lane is not None:
+        if lane not in _priority:
+            raise LaneError(f"kind {kind!r}: unknown lane {lane!r}; lanes are {','.join(LANES)}")
+        FIXED[kind] = lane
+    else:
+        _resolvers[kind] = resolve
+        RAIL_KINDS = RAIL_KINDS | {kind}
+
+
+def resolve_route(kind: str, conn: Any, payload: dict) -> str | None:
+    """The route of a routed ``kind`` for ``payload``, by its resolver."""
+    return _resolvers[kind](conn, payload)
 
 
 class LaneError(ValueError):
@@ -66,10 +113,11 @@ class LaneError(ValueError):
 
 
 def lane_for(kind: str, rail: str | None = None) -> str:
-    """The lane of a job of ``kind``. ``rail`` (``mtn``/``orange``: the
-    rail of the job's charge or refund) is required for ``RAIL_KINDS`` and
-    ignored otherwise. Raises ``LaneError`` for a rail kind without a known
-    rail: such a job would sit in no lane any worker serves."""
+    """The lane of a job of ``kind``. ``rail`` (the route: one of
+    ``RAIL_LANES``, e.g. the rail of the job's charge or refund) is required
+    for routed kinds (``RAIL_KINDS``) and ignored otherwise. Raises
+    ``LaneError`` for a routed kind without a known route: such a job would
+    sit in no lane any worker serves."""
     if kind in RAIL_KINDS:
         if rail not in RAIL_LANES:
             raise LaneError(f"job kind {kind!r} needs the rail of its charge or refund "
@@ -174,7 +222,7 @@ def split(total: int, served: Iterable[str], overrides: Mapping[str, int] | None
         loops += [(lane,)] * overrides.get(lane, 0)
     if rest:
         riders = [lane for lane in rest if lane in set(passive) and lane in RAIL_LANES]
-        host = "housekeeping" if "housekeeping" in rest else None
+        host = DEFAULT_LANE if DEFAULT_LANE in rest else None
         active = [lane for lane in rest if not (host and lane in riders)]
         if host is None or len(active) == len(rest):
             riders = []

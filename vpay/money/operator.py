@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import psycopg
 from psycopg.rows import dict_row
 
-from .queries import Q
+from vpay.base.queries import Q
 
 log = logging.getLogger("vpay.operator")
 
@@ -176,7 +176,7 @@ def payment_view(conn: psycopg.Connection, some_id: str) -> dict[str, Any] | Non
     last_error}``, None once the poll has ended) and ``open_alerts``.
     ``charge`` is the latest charge (the key ``payments create`` prints),
     ``charges`` all of them, oldest first. None when ``some_id`` is unknown."""
-    from .money import show
+    from vpay.money.charges import show
     found = show(conn, some_id)
     if found is None:
         return None

@@ -25,7 +25,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from .rails.port import RailPaused
+from vpay.rails.port import RailPaused
 
 log = logging.getLogger("vpay.rail_gate")
 

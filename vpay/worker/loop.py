@@ -4,9 +4,9 @@ Design page, "The job queue", "Leases and crash recovery" and "SIGTERM and
 the drain". The shape:
 
 * ``concurrency`` claim loops run in a ``ThreadPoolExecutor``, split among the
-  lanes this worker serves (``vpay.lanes.split``: each lane its own loops, so
+  lanes this worker serves (``vpay.engine.lanes.split``: each lane its own loops, so
   a hanging merchant endpoint holds only the ``webhooks`` loops and MTN polls
-  go on). Each loop claims one job of its lanes, calls ``handlers.handle``, and applies the answer with a fenced write:
+  go on). Each loop claims one job of its lanes, calls its dispatcher (``vpay.handlers``), and applies the answer with a fenced write:
   ``Done`` → finish, ``RetryAfter`` → reschedule, ``DeadLetter`` → park. Any
   other exception is retried with backoff and parked after
   ``queue.MAX_FAILURES`` in a row. A fenced write that matches nothing is
@@ -40,16 +40,18 @@ import traceback
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from . import fairness, handlers, lanes, logs, metrics, queue, vacuum
-from .outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
-from .sdnotify import Notifier, watchdog_interval
-from .signals import Drain, ShutdownSignals
-from .wake import Listener, Waker, jittered
+from vpay.engine import fairness, lanes, queue, vacuum
+from vpay.base import logs, metrics
+from vpay.engine.outcome import DeadLetter, Done, JobError, Outcome, RetryAfter
+from vpay.worker.sdnotify import Notifier, watchdog_interval
+from vpay.worker.signals import Drain, ShutdownSignals
+from vpay.engine.wake import Listener, Waker, jittered
 
 log = logging.getLogger("vpay.worker")
 
@@ -68,14 +70,14 @@ class WorkerConfig:
     (``--queues``, default all); ``lane_concurrency`` exact loop counts for
     some lanes (``--lane-concurrency``); ``passive`` rail lanes whose rail is
     not configured here (they share the housekeeping loop). The split is
-    ``vpay.lanes.split``; it raises ``lanes.LaneError`` on counts that do not fit."""
+    ``vpay.engine.lanes.split``; it raises ``lanes.LaneError`` on counts that do not fit."""
 
     worker_id: str
     concurrency: int = 4
     shutdown_grace: float = 30.0
     lease: float = 300.0
     idle_sleep: float = 1.0
-    queues: tuple[str, ...] = lanes.LANES
+    queues: tuple[str, ...] = field(default_factory=lambda: lanes.LANES)
     lane_concurrency: dict[str, int] = field(default_factory=dict)
     passive: tuple[str, ...] = ()
     listen: bool = True
@@ -184,11 +186,24 @@ def _retry_db(fn):
                  wait=wait_exponential(multiplier=0.2, max=5), reraise=True)(fn)
 
 
+class Dispatcher(Protocol):
+    """What runs a claimed job: the handlers of the layers above
+    (``vpay.handlers.Context``). The worker knows no job kind."""
+
+    def handle(self, job: queue.Job) -> Outcome:
+        """Run ``job``'s handler and answer its ``Outcome``; raising means a
+        bug (the loop retries with backoff, then parks)."""
+
+    def rail_pauses(self) -> dict[str, str | None]:
+        """For the gauge line: per rail, the end of its backpressure pause."""
+
+
 class Worker:
     """One worker process's loops. ``run()`` blocks until the drain ends and
-    answers the ``Drain``; the caller exits with its value."""
+    answers the ``Drain``; the caller exits with its value. ``ctx`` runs the
+    claimed jobs (a ``Dispatcher``)."""
 
-    def __init__(self, pool: ConnectionPool, ctx: handlers.Context, config: WorkerConfig,
+    def __init__(self, pool: ConnectionPool, ctx: Dispatcher, config: WorkerConfig,
                  signals: ShutdownSignals, notifier: Notifier | None = None):
         self.pool = pool
         self.ctx = ctx
@@ -330,7 +345,7 @@ class Worker:
 
     def _rebalance(self, lane: str) -> None:
         # The lane is behind: queue each merchant's excess in rounds behind
-        # everyone's share (vpay.fairness). Best effort: an error costs
+        # everyone's share (vpay.engine.fairness). Best effort: an error costs
         # fairness for one pass, never the job already claimed.
         try:
             with self.pool.connection(timeout=5) as conn:
@@ -365,7 +380,7 @@ class Worker:
         started = time.monotonic()
         error: str | None = None
         try:
-            outcome: Outcome | None = handlers.handle(job, self.ctx)
+            outcome: Outcome | None = self.ctx.handle(job)
         except JobError as exc:
             outcome = exc.decision
         except Exception as exc:  # noqa: BLE001 - any handler failure is retried, never fatal

@@ -186,7 +186,7 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
 
 def migration_files() -> list[tuple[str, str]]:
     """``[(file name, sql text)]`` of the shipped migrations, in name order."""
-    from .queries import sql_root
+    from vpay.base.queries import sql_root
     folder = sql_root()
     files = sorted((e for e in folder.iterdir() if e.name.endswith(".sql")), key=lambda e: e.name)
     return [(e.name, e.read_text(encoding="utf-8")) for e in files]

@@ -6,7 +6,7 @@ be refunded, and the refunds of a charge that have not failed never add up
 to more than its amount. A refund changes neither its charge nor its intent:
 a charge that was paid stays ``succeeded``; the refund is its own record.
 
-The rules are the charge's, written once in ``vpay.pollable`` (design page,
+The rules are the charge's, written once in ``vpay.money.pollable`` (design page,
 "The job queue" and "Timers assert nothing"; docs/flows/refunds.md);
 ``REFUNDS`` (at the end) describes what is a refund's own. In short:
 
@@ -39,12 +39,14 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from . import misconfiguration, money, pollable, queue, testhooks
-from .ids import new_id, new_rail_reference
-from .outcome import Done, Outcome
-from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
-from .queries import Q
-from .rails.port import Rail, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind
+from vpay.money import misconfiguration, charges, pollable
+from vpay.engine import queue
+from vpay.base import testhooks
+from vpay.money.ids import new_id, new_rail_reference
+from vpay.engine.outcome import Done, Outcome
+from vpay.money.pollable import FIRST_POLL_SECONDS, Pollable, Settled
+from vpay.base.queries import Q
+from vpay.rails.port import Rail, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.refunds")
 
@@ -139,7 +141,7 @@ def mark_submitted(conn: psycopg.Connection, refund_id: str) -> bool:
 
 def record_poll(conn: psycopg.Connection, refund_id: str, rail_knows: bool) -> None:
     """Stamp ``last_polled_at``; when the rail knew the reference, also
-    ``submitted_at`` (``vpay.pollable.record_poll``)."""
+    ``submitted_at`` (``vpay.money.pollable.record_poll``)."""
     pollable.record_poll(conn, REFUNDS, refund_id, rail_knows)
 
 
@@ -189,7 +191,7 @@ def settle_refund(conn: psycopg.Connection, refund_id: str, kind: StatusKind, *,
     default ``unknown``), with one ``refund.succeeded`` / ``refund.failed``
     event on the charge's intent, in one transaction.
 
-    The shared compare-and-swap (``vpay.pollable.settle``): a refund already
+    The shared compare-and-swap (``vpay.money.pollable.settle``): a refund already
     terminal is not changed (``transitioned`` False); if it ended the other
     way, a ``rail_contradiction`` alert is written (``contradiction`` True,
     ``where: settle_refund``). The charge and intent are never changed.
@@ -212,10 +214,10 @@ def _refund_event(conn: psycopg.Connection, refund: dict[str, Any], event_type: 
     """The rest of a refund's settle, in its transaction: ``event_type`` on
     the refunded charge's intent, the refund in its data. The charge and
     the intent do not change."""
-    charge = money.load_charge(conn, refund["charge_id"])
+    charge = charges.load_charge(conn, refund["charge_id"])
     with conn.cursor(row_factory=dict_row) as cur:
         intent = cur.execute(Q["load_intent"], {"id": charge["payment_intent_id"]}).fetchone()
-    money.emit_event(conn, event_type, intent, charge, {"refund": refund_view(refund)})
+    charges.emit_event(conn, event_type, intent, charge, {"refund": refund_view(refund)})
 
 
 def _resend(ctx, rail: Rail, refund: dict[str, Any]) -> Outcome | None:
@@ -255,11 +257,11 @@ def show(conn: psycopg.Connection, refund_id: str) -> dict[str, Any] | None:
     refund = load_refund(conn, refund_id)
     if refund is None:
         return None
-    charge = money.load_charge(conn, refund["charge_id"])
+    charge = charges.load_charge(conn, refund["charge_id"])
     with conn.cursor(row_factory=dict_row) as cur:
         events = cur.execute(Q["events_of_refund"], {"payment_intent_id": refund["payment_intent_id"],
                                                      "refund_id": refund_id}).fetchall()
-    return {"refund": refund_view(refund), "charge": money.charge_view(charge),
+    return {"refund": refund_view(refund), "charge": charges.charge_view(charge),
             "events": [{"id": e["id"], "type": e["type"], "created": _iso(e["created_at"])}
                        for e in events]}
 
@@ -294,14 +296,14 @@ REFUNDS = Pollable(
     settle_where="settle_refund",
     kill_points=("before_refund_settle_commit", "after_refund_settle_commit"),
 )
-"""Refunds as a pollable operation (``refund_poll:<refund_id>``; vpay.pollable)."""
+"""Refunds as a pollable operation (``refund_poll:<refund_id>``; vpay.money.pollable)."""
 
 
 def settle_refund_with_evidence(conn: psycopg.Connection, refund_id: str, outcome: str,
-                                evidence: money.Evidence, *, failure_code: str | None = None,
+                                evidence: charges.Evidence, *, failure_code: str | None = None,
                                 rail_transaction_id: str | None = None) -> Settled:
     """``settle_refund`` on evidence instead of a status read:
-    ``money.settle_proven`` for a refund (one ``refund.*`` event on its
+    ``charges.settle_proven`` for a refund (one ``refund.*`` event on its
     charge's intent; the charge and intent never change)."""
-    return money.settle_proven(conn, REFUNDS, refund_id, outcome, evidence, failure_code=failure_code,
+    return charges.settle_proven(conn, REFUNDS, refund_id, outcome, evidence, failure_code=failure_code,
                                rail_transaction_id=rail_transaction_id)

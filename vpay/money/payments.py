@@ -1,7 +1,7 @@
 """Creating and confirming a payment, as the API and the CLI do it.
 
 ``create_and_submit`` commits the intent, the charge and its poll job first
-(``money.create_payment``), and only then asks the rail to pay (``submit``).
+(``charges.create_payment``), and only then asks the rail to pay (``submit``).
 The API bounds that: its adapters carry a short total deadline
 (``VPAY_API_RAIL_TIMEOUT_SECONDS``), and at most a few requests per process
 wait on a rail at once (``slots``); a create that finds no free slot does
@@ -22,8 +22,10 @@ from typing import Any, Callable
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from . import misconfiguration, money, queue, testhooks
-from .rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind
+from vpay.money import misconfiguration, charges
+from vpay.engine import queue
+from vpay.base import testhooks
+from vpay.rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.payments")
 
@@ -39,7 +41,7 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
            resend: bool = False) -> Submit:
     """Send the request-to-pay for ``charge`` and record what the rail said:
     accepted → ``submitted_at`` (and, when the rail handed data back,
-    ``money.record_submission``); rejected for good → the charge fails with the
+    ``charges.record_submission``); rejected for good → the charge fails with the
     rail's reason (one event); no answer → ``resubmit:<charge_id>`` is
     enqueued (unless the caller is that job).
 
@@ -55,7 +57,7 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
     A paused rail (``RailPaused``: nothing was sent) is "no answer" with the
     resubmit due at the end of the pause; the resubmit job itself lets
     ``RailPaused`` through to ``handlers.handle``, which defers it."""
-    request = money.charge_request(charge, description)
+    request = charges.charge_request(charge, description)
     try:
         answer = rail.request_to_pay(dataclasses.replace(request, resend=True) if resend else request)
     except RailPaused as paused:
@@ -72,17 +74,17 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
         if answer.rail_data:  # e.g. Orange: pay_token, payment_url; notif_token kept as a hash only
             kept = dict(answer.rail_data)
             notif_token = kept.pop("notif_token", None)
-            money.record_submission(conn, charge["id"], kept, notif_token)
-        money.mark_submitted(conn, charge["id"])
+            charges.record_submission(conn, charge["id"], kept, notif_token)
+        charges.mark_submitted(conn, charge["id"])
     elif answer.kind is SubmitKind.REJECTED:
-        money.settle(conn, charge["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
+        charges.settle(conn, charge["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
     elif answer.kind is SubmitKind.MISCONFIGURED:
         with conn.transaction():  # the alert and the failure together, or neither
             misconfiguration.alert(conn, charge["rail"], answer.reason, operation="request_to_pay",
                                    http_status=answer.http_status, charge_id=charge["id"],
                                    effect="kept_pending" if resend else "failed")
             if not resend:
-                money.settle(conn, charge["id"], StatusKind.FAILED,
+                charges.settle(conn, charge["id"], StatusKind.FAILED,
                              failure_code=misconfiguration.FAILURE_CODE)
     elif schedule_resubmit:
         queue.enqueue(conn, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]},
@@ -100,15 +102,15 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
                       slots: threading.Semaphore | None = None) -> dict[str, Any]:
     """Create (one transaction) then submit. Answers ``{"payment_intent",
     "charge"}`` as merchant-facing JSON, read back after the submit. Raises
-    ``money.InvalidPayment`` on bad input (nothing written) and
+    ``charges.InvalidPayment`` on bad input (nothing written) and
     ``RailError`` when the rail is not configured (checked before writing).
-    ``intent_id``: see ``money.create_payment``. ``slots`` (the API's): when
+    ``intent_id``: see ``charges.create_payment``. ``slots`` (the API's): when
     given and none is free right now, the rail is not called; the charge's
     ``resubmit`` job, due at once, sends the request-to-pay from the worker
     (the intent reads ``processing`` either way)."""
-    adapter = rail_for(rail) if rail in money.KNOWN_RAILS else None
+    adapter = rail_for(rail) if rail in charges.KNOWN_RAILS else None
     with pool.connection() as conn:
-        created = money.create_payment(conn, merchant_id=merchant_id, amount=amount,
+        created = charges.create_payment(conn, merchant_id=merchant_id, amount=amount,
                                        currency=currency, rail=rail, payer=payer,
                                        description=description,
                                        prompt_ttl_seconds=prompt_ttl_seconds,
@@ -127,5 +129,5 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
                           {"charge_id": created.charge["id"]})
             log.warning("every rail slot of this process is busy: request-to-pay left to the worker",
                         extra={"charge_id": created.charge["id"], "rail": rail})
-        shown = money.show(conn, created.intent["id"])
+        shown = charges.show(conn, created.intent["id"])
     return {"payment_intent": shown["payment_intent"], "charge": shown["charges"][0]}

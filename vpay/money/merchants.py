@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .money import MERCHANT
-from .queries import Q
+from vpay.money.charges import MERCHANT
+from vpay.base.queries import Q
 
 
 def create_merchant(conn: psycopg.Connection, merchant_id: str, name: str = "") -> bool:

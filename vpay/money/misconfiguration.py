@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from .queries import Q
+from vpay.base.queries import Q
 
 log = logging.getLogger("vpay.misconfiguration")
 

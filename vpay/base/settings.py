@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from .db import ConfigError
+from vpay.base.db import ConfigError
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -81,7 +81,7 @@ class Settings:
     "The prompt-expiry half"; default 900). ``escalate_after_seconds``: the
     24-hour horizon from ``charges.created_at`` ("Timers assert nothing").
     ``retention_days``: ``VPAY_RETENTION_DAYS`` (default 90; 0 keeps
-    everything), what the hourly sweep prunes (``vpay.operator.prune``).
+    everything), what the hourly sweep prunes (``vpay.money.operator.prune``).
     ``api_rail_timeout_seconds``: the total deadline of a rail call made by
     ``vpay-server api`` (``VPAY_API_RAIL_TIMEOUT_SECONDS``, default 3, at
     most 60); past it the create answers the intent ``processing`` and the

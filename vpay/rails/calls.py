@@ -1,0 +1,77 @@
+"""Every rail call counted, timed and logged in one place: the ``rail_call``
+decorator the adapters put on each port method (docs/observability.md,
+``vpay_rail_requests_total``, ``vpay_rail_request_seconds``)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Callable
+
+from vpay.base.metrics import RAIL_REQUESTS, RAIL_SECONDS
+from vpay.rails.port import RailPaused
+
+rail_log = logging.getLogger("vpay.rails")
+
+
+CALL_IDS = ("charge_id", "refund_id", "rail_reference", "charge_rail_reference")
+"""Identifiers of a rail call's request copied onto its ``rail call`` line."""
+
+
+def rail_call(operation: str) -> Callable:
+    """Decorate a ``Rail`` port method (``request_to_pay``, ``status``,
+    ``refund``, ``refund_status``): count it in ``vpay_rail_requests_total``
+    with the port's answer (``accepted``, ``rejected``, ``pending``,
+    ``succeeded``, ``failed``, ``not_found``, ``no_answer``; ``error`` when
+    the method raised), time it in ``vpay_rail_request_seconds``, and log one
+    structured line: ``rail``, ``operation``, ``http_status``, ``answer``,
+    ``reason``, ``seconds``, ``sent``. The job's fields (``job_id``,
+    ``charge_id``, ...) come from the log context (``vpay.base.logs``).
+
+    An answer made without a request (``http_status`` None and not
+    ``no_answer``: an unsupported currency, Orange's refusal to refund) is
+    logged with ``sent`` false and not counted as a request; so is a call
+    refused by a paused rail (``RailPaused``: answer ``paused``). From the
+    call's argument (a ``ChargeRequest`` / ``RefundRequest``) only its
+    identifiers are logged (``CALL_IDS``: ``charge_id`` / ``refund_id``,
+    ``rail_reference``, a refund's ``charge_rail_reference``), so no credential or token can be; this line is the
+    adapters' one record of a call's answer (they log only what it lacks:
+    a no-answer's detail, a token refused, a retry, a configuration refusal)."""
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(self, *args, **kwargs):
+            started = time.monotonic()
+            result, answer = None, "error"
+            try:
+                result = fn(self, *args, **kwargs)
+                answer = getattr(getattr(result, "kind", None), "value", "error")
+                return result
+            except RailPaused:
+                # The rail asked for less traffic (vpay.rails.gate): logged and
+                # counted by the gate, not as a request of this call.
+                answer = "paused"
+                raise
+            finally:
+                seconds = time.monotonic() - started
+                http_status = getattr(result, "http_status", None)
+                sent = http_status is not None or answer in ("no_answer", "error")
+                if sent:
+                    RAIL_REQUESTS.labels(self.code, operation, answer).inc()
+                    RAIL_SECONDS.labels(self.code, operation).observe(seconds)
+                rail_log.log(logging.WARNING if answer in ("no_answer", "error") else logging.INFO,
+                             "rail call", extra={
+                                 "rail": self.code, "operation": operation, "answer": answer,
+                                 "http_status": http_status, "reason": getattr(result, "reason", None),
+                                 "seconds": round(seconds, 3), "sent": sent,
+                                 **_call_ids(args)})
+        return call
+    return wrap
+
+
+def _call_ids(args: tuple) -> dict[str, str]:
+    """``CALL_IDS`` of a rail method's request (its first argument), those it has."""
+    request = args[0] if args else None
+    return {k: v for k in CALL_IDS if isinstance(v := getattr(request, k, None), str)}
+
+
