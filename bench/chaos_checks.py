@@ -28,7 +28,7 @@ test can plant a violation in a snapshot and see it caught. Keys:
 Every check answers a list of violations ``{check, id, detail}``;
 ``run_all`` runs them all. The invariants come from issue 12 ("A chaos
 run"), the design page ("The job queue", "Timers assert nothing") and the
-money state machine (vpay/money.py, vpay/pollable.py).
+money state machine (vpay/money/charges.py, vpay/money/pollable.py).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ was measured):
    names another: the shared server here runs with autovacuum off): the rate
    of the last 10k over the rate of the first 10k. The worker runs as
    deployed, so it vacuums ``jobs`` itself every ``VPAY_JOBS_VACUUM_EVERY``
-   finished jobs (vpay/vacuum.py; set it to 0 in the environment to measure
+   finished jobs (vpay/engine/vacuum.py; set it to 0 in the environment to measure
    autovacuum alone); ``worker_vacuums`` and ``autovacuums`` count each kind.
 
 Options: ``--rounds``, ``--jobs`` (throughput N), ``--samples`` (latency
@@ -495,7 +495,7 @@ def churn_vpay(server: str, n: int = 100_000, window: int = 10_000) -> dict:
             last = drain(conn, VPAY_LEFT, window + 1, proc.pid, until=0, every=0.1)
         finally:
             stop(proc)
-        # vacuum_count: the worker's own vacuums (vpay/vacuum.py), less the
+        # vacuum_count: the worker's own vacuums (vpay/engine/vacuum.py), less the
         # bench's VACUUM ANALYZE before the start
         vac = conn.execute("SELECT autovacuum_count, vacuum_count - 1 FROM pg_stat_user_tables "
                            "WHERE relname = 'jobs'").fetchone()

@@ -12,7 +12,7 @@
    (``test.count``), jobs per second from the first claim to the queue
    being empty.
 
-The test kinds live in the ``housekeeping`` lane (vpay/lanes.py), so the
+The test kinds live in the ``housekeeping`` lane (vpay/engine/lanes.py), so the
 workers run with ``--queues housekeeping``: every loop claims them, through
 the per-lane claim (``claim_lane``), as a one-lane replica would.
 """

@@ -2,7 +2,7 @@
 real Postgres: which merchant each job works for, how a rebalance places a
 backlog in rounds, and the order claims then take.
 
-vpay/fairness.py, sql/0015_fair_claims.sql, rebalance_lane in
+vpay/engine/fairness.py, sql/0015_fair_claims.sql, rebalance_lane in
 sql/queries/queue.sql. The worker-level test (a real ``vpay-worker``, a real
 rail stub, one merchant's burst) is at the end.
 """

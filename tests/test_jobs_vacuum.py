@@ -1,5 +1,5 @@
 """The worker vacuums ``jobs`` itself after every VPAY_JOBS_VACUUM_EVERY
-finished jobs (vpay/vacuum.py; issue #15, "Churn"). Real Postgres and the
+finished jobs (vpay/engine/vacuum.py; issue #15, "Churn"). Real Postgres and the
 installed ``vpay-worker``; whether a vacuum ran is Postgres's own count
 (``pg_stat_user_tables.vacuum_count``: manual vacuums; the shared test server
 runs no autovacuum, and autovacuum has a count of its own anyway).

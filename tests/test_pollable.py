@@ -1,5 +1,5 @@
 """The pollable abstraction is one body shared by every polled operation
-(vpay/pollable.py, vpay/handlers/polling.py; docs/architecture.md, "Adding a
+(vpay/money/pollable.py, vpay/handlers/polling.py; docs/architecture.md, "Adding a
 pollable operation").
 
 Charges and refunds are registrations of the one poll body; and a third

@@ -1,4 +1,4 @@
--- The HTTP API (vpay/api) and merchant keys (vpay/merchants.py).
+-- The HTTP API (vpay/api) and merchant keys (vpay/money/merchants.py).
 
 -- name: insert_api_key
 INSERT INTO merchant_api_keys (id, merchant_id, secret_sha256)

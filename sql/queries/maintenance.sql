@@ -1,4 +1,4 @@
--- The worker's own upkeep of the queue table (vpay/vacuum.py).
+-- The worker's own upkeep of the queue table (vpay/engine/vacuum.py).
 
 -- name: vacuum_jobs
 -- Run by the worker after every VPAY_JOBS_VACUUM_EVERY finished jobs, on an

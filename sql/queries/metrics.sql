@@ -1,4 +1,4 @@
--- The gauges read at scrape (vpay/metrics.py, DatabaseCollector): one
+-- The gauges read at scrape (vpay/base/metrics.py, DatabaseCollector): one
 -- statement, run under SET LOCAL statement_timeout, answering rows of
 -- (family, label_a, label_b, value). Every "now" is the database's.
 

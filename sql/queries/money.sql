@@ -1,4 +1,4 @@
--- The money state machine (vpay/money.py). Every transition is a
+-- The money state machine (vpay/money/charges.py). Every transition is a
 -- compare-and-swap on the current status: a second call, a racing worker or a
 -- re-run after a crash matches no row, and no status ever moves backwards.
 -- What charges share with refunds (submitted, polled, settled, escalated) is
@@ -20,7 +20,7 @@ RETURNING *;
 
 -- name: insert_event
 -- The event and, in the same statement, its fanout:<event_id> job (lane
--- webhooks, vpay/lanes.py), but only when the intent's merchant has an
+-- webhooks, vpay/engine/lanes.py), but only when the intent's merchant has an
 -- enabled webhook endpoint at this moment: an event nobody can receive gets
 -- no job (docs/webhooks.md, "Who gets an event"; issue #15). An endpoint
 -- added later receives the events written after it, as before.

@@ -1,4 +1,4 @@
--- The operator's commands (vpay/operator.py; vpay-server jobs, alerts, prune)
+-- The operator's commands (vpay/money/operator.py; vpay-server jobs, alerts, prune)
 -- and the URL-policy hold of webhook endpoints. Every "now" is the database's.
 
 -- name: op_jobs_list

@@ -1,4 +1,4 @@
--- The pollable state machine (vpay/pollable.py): the rows the worker polls to
+-- The pollable state machine (vpay/money/pollable.py): the rows the worker polls to
 -- their end, charges and refunds alike, written once. {table} is the
 -- operation's state table (Pollable.table), filled in as a quoted identifier
 -- by psycopg.sql, never from input. Every such table has id, status

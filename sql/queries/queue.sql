@@ -1,4 +1,4 @@
--- The durable job queue (vpay/queue.py). Every "now" is the database's.
+-- The durable job queue (vpay/engine/queue.py). Every "now" is the database's.
 -- Every write that ends a lease matches (id, locked_by, lease_token): the
 -- fencing token is new at each claim, so a worker whose lease was reaped
 -- cannot overwrite whoever holds the job now, even a later claim of its own.
@@ -25,7 +25,7 @@ RETURNING id;
 -- a claim whose answer never arrives (the connection died after the commit)
 -- can then be found and handed back by it (release), instead of sitting
 -- leased to a live worker that does not know it holds it until the lease
--- runs out (vpay/loop.py, Worker._hand_back).
+-- runs out (vpay/worker/loop.py, Worker._hand_back).
 -- The finish runs before the claim: the outer side of the final join is
 -- read first, and OFFSET 0 keeps it from being folded into the select list
 -- (computed after the join). A finish that waits for a row lock then holds
@@ -263,7 +263,7 @@ WITH expired AS (
 SELECT id, kind, lane, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
 
 -- name: rebalance_lane
--- Fair queueing inside a lane (vpay/fairness.py; sql/0015_fair_claims.sql).
+-- Fair queueing inside a lane (vpay/engine/fairness.py; sql/0015_fair_claims.sql).
 -- Reads the lane's due, unclaimed backlog once and places each job that is
 -- not yet placed (share_round 0) into a round:
 --   * a merchant with no backlog yet keeps its oldest jobs in round 0 (within

@@ -1,4 +1,4 @@
--- What a rail hands back at submission (vpay/money.py record_submission) and
+-- What a rail hands back at submission (vpay/money/charges.py record_submission) and
 -- the callback route's proof check (vpay/api/callbacks.py).
 
 -- name: record_submission

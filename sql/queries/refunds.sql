@@ -1,4 +1,4 @@
--- The refund state machine (vpay/refunds.py). Like money.sql: every
+-- The refund state machine (vpay/money/refunds.py). Like money.sql: every
 -- transition is a compare-and-swap on the current status, so a second call,
 -- a racing worker or a re-run after a crash matches no row, and no status
 -- ever moves backwards. Amounts are minor units; every "now" is Postgres's.

@@ -1,4 +1,4 @@
-"""How long a claim loop sleeps after a claim that found nothing (vpay/loop.py,
+"""How long a claim loop sleeps after a claim that found nothing (vpay/worker/loop.py,
 ``idle_timeout``)."""
 
 from __future__ import annotations

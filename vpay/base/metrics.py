@@ -76,7 +76,7 @@ WEBHOOK_ATTEMPTS = Counter(
     "vpay_webhook_attempts", "Webhook delivery attempts, by result (delivered, retry, gone, "
     "give_up; held: the URL policy refused the endpoint's URL).", ["result"], registry=REGISTRY)
 JOBS_VACUUMS = Counter(
-    "vpay_jobs_vacuums", "Vacuums of the jobs table this worker ran (vpay/vacuum.py), by result: "
+    "vpay_jobs_vacuums", "Vacuums of the jobs table this worker ran (vpay/engine/vacuum.py), by result: "
     "done, skipped (jobs was being vacuumed by someone else), error (the timeout, a database "
     "error, a role that may not vacuum jobs).", ["result"], registry=REGISTRY)
 API_REQUESTS = Counter(

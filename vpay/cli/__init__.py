@@ -1,7 +1,7 @@
 """``vpay-server`` (a click group) and ``vpay-worker`` (= ``vpay-server worker``).
 
 One module per command group; each registers here in one line. Names, flags
-and exit codes are the contract's (shared/design/contract.md); the shared
+and exit codes are the contract's (docs/design/contract.md); the shared
 exit codes, the one-line refusal and the translation of every failure into
 one line on stderr (never a traceback) live in ``vpay.cli.common``.
 """

@@ -18,7 +18,7 @@ COLUMNS = ("id", "kind", "charge_id", "created_at", "acknowledged_at", "details"
 
 
 def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """``--kind``: one of ``ALERT_KINDS`` (vpay/alert_kinds.py), else a usage error."""
+    """``--kind``: one of ``ALERT_KINDS`` (vpay/money/alert_kinds.py), else a usage error."""
     from vpay.money.alert_kinds import ALERT_KINDS
     if value is not None and value not in ALERT_KINDS:
         raise click.BadParameter(f"unknown alert kind {value!r}; kinds are {','.join(ALERT_KINDS)}",

@@ -50,7 +50,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     """The reconciler worker: claims jobs, polls rails, drains on SIGTERM.
 
     Its --worker-concurrency claim loops are split among the lanes it serves
-    (--queues), each lane with loops of its own; see vpay/lanes.py.
+    (--queues), each lane with loops of its own; see vpay/engine/lanes.py.
 
     Exit codes: 0 clean drain, 1 timed-out drain (leases released), 2 usage
     error, 78 configuration refused, 69 database unreachable at boot, 70 a

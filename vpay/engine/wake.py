@@ -1,6 +1,6 @@
 """Waking claim loops on commit: Postgres LISTEN/NOTIFY, routed by lane.
 
-Design: shared/design/rails.md, "Waking on commit"; issue #15. The shape:
+Design: docs/design/rails.md, "Waking on commit"; issue #15. The shape:
 
 * The database notifies channel ``vpay_jobs`` with the job's lane as the
   payload whenever a job becomes due now: inserted due, or moved to due and

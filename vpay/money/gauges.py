@@ -24,7 +24,7 @@ STATEMENT_TIMEOUT_MS = 2000
 
 KNOWN_STATES = ("due", "leased", "dead")
 CHARGE_STATUSES = ("pending", "succeeded", "failed", "unresolved")
-# ALERT_KINDS (vpay/alert_kinds.py) are reported as 0 when absent, so an alert
+# ALERT_KINDS (vpay/money/alert_kinds.py) are reported as 0 when absent, so an alert
 # on ``> 0`` resolves instead of its series vanishing.
 
 

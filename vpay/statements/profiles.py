@@ -1,6 +1,6 @@
 """Statement formats: which of a file's columns holds which field.
 
-Map keys (shared/design/contract.md): ``reference`` (the id we sent the rail:
+Map keys (docs/design/contract.md): ``reference`` (the id we sent the rail:
 ``charges.rail_reference``; Orange's ``order_id`` and our own ``ch_…`` /
 ``re_…`` ids are recognised too), ``rail_transaction_id`` (the operator's own
 id), ``msisdn``, ``amount`` (decimal, major units), ``currency``, ``status``

@@ -14,7 +14,7 @@ the drain". The shape:
 * A ``Done`` is written together with the claim of the loop's next job
   (``queue.finish_and_claim``, one statement): one round trip per job while
   a loop has work. Only a database error enters the retrying path.
-* A loop that finds nothing sleeps on the ``Waker`` (vpay/wake.py): until a
+* A loop that finds nothing sleeps on the ``Waker`` (vpay/engine/wake.py): until a
   job of its lanes is committed due (LISTEN/NOTIFY through one listener
   thread per process), until the next job of its lanes is due (the empty
   claim says when), or for a jittered ``idle_sleep`` at most.
@@ -83,7 +83,7 @@ class WorkerConfig:
     listen: bool = True
     jobs_vacuum_every: int = vacuum.VACUUM_EVERY
     """Finished jobs between two vacuums of ``jobs`` by this process
-    (``VPAY_JOBS_VACUUM_EVERY``; 0: none, autovacuum alone; vpay/vacuum.py)."""
+    (``VPAY_JOBS_VACUUM_EVERY``; 0: none, autovacuum alone; vpay/engine/vacuum.py)."""
 
     def loops(self) -> list[tuple[str, ...]]:
         """The lanes each claim loop serves (``lanes.split``)."""
