@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from vpay import __version__
+import vpay.money  # noqa: F401  (the domain registers its lanes before any command reads them)
 from vpay.base import logs
 from vpay.cli.alerts import alerts
 from vpay.cli.api import api

@@ -13,6 +13,7 @@ import sys
 
 import click
 
+import vpay.money  # noqa: F401  (its lanes: --queues and the split read them)
 from vpay.base import logs
 from vpay.cli.common import EX_UNAVAILABLE, _unavailable_line, fail, log_level, log_level_option, open_db, refuse
 
