@@ -91,11 +91,11 @@ def test_every_route_of_the_app_is_in_the_openapi_document_and_vice_versa(app, c
 # --- callbacks -----------------------------------------------------------------
 
 
-def _arrange(db, charges: dict[str, dict]) -> None:
+def _arrange(db, made_charges: dict[str, dict]) -> None:
     """Put each named charge's poll job in its state again (every example starts the same)."""
     db.execute("UPDATE charges SET last_polled_at = NULL")
     db.execute("DELETE FROM jobs WHERE kind = 'poll'")
-    for state, charge in charges.items():
+    for state, charge in made_charges.items():
         key, payload = f"poll:{charge['id']}", json.dumps({"charge_id": charge["id"]})
         if state == "parked":
             db.execute("INSERT INTO jobs (kind, lane, dedupe_key, payload, run_at) VALUES "
@@ -141,16 +141,16 @@ def callback_bodies(draw) -> bytes:
 
 def test_fuzzed_callbacks_never_fail_and_write_only_poll_jobs_of_named_charges(client, db):
     new_key(db)
-    charges = {state: make_payment(db, payer=f"2567700003{i:02d}") for i, state in
+    made_charges = {state: make_payment(db, payer=f"2567700003{i:02d}") for i, state in
                enumerate(("parked", "leased", "dead", "terminal"))}
-    charges.settle(db, charges["terminal"]["id"], StatusKind.SUCCEEDED)
-    known = {c["id"]: c["rail_reference"] for c in charges.values()}
+    charges.settle(db, made_charges["terminal"]["id"], StatusKind.SUCCEEDED)
+    known = {c["id"]: c["rail_reference"] for c in made_charges.values()}
     references = list(known.values())
 
     @FUZZ
     @given(data=st.data())
     def run(data):
-        _arrange(db, charges)
+        _arrange(db, made_charges)
         method = data.draw(st.sampled_from(["POST", "PUT"]))
         code = data.draw(st.one_of(st.just("mtn"), st.just("mtn"), st.just("mtn"), st.text(st.characters(min_codepoint=33,
                                                                          max_codepoint=0x10FFFF,

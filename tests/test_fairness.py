@@ -428,8 +428,8 @@ def test_a_burst_on_a_rail_does_not_hold_up_other_merchants_reads(db, db_url, sp
     burst = [_poll(db, "m_burst", ago=8 - i * 0.01) for i in range(60)]
     calm = _poll(db, "m_calm", ago=3)
     other = [_poll(db, "m_other", ago=2 - i * 0.1) for i in range(2)]
-    charges = dict(db.execute("SELECT id, rail_reference FROM charges"))
-    ref = {key: charges[key.split(":", 1)[1]] for key in burst + [calm] + other}
+    made_charges = dict(db.execute("SELECT id, rail_reference FROM charges"))
+    ref = {key: made_charges[key.split(":", 1)[1]] for key in burst + [calm] + other}
     stub = MomoStub(default_outcome=("10.00", "EUR"))
     try:
         spawn("vpay-worker", "--queues", "mtn", "--worker-concurrency", "1", "--idle-sleep", "0.1",

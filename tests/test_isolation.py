@@ -46,9 +46,9 @@ def _charge(db, merchant: str, payer: str) -> dict:
     return created.charge
 
 
-def _due(db, *charges: dict, ago: float = 0.0) -> None:
+def _due(db, *made_charges: dict, ago: float = 0.0) -> None:
     db.execute("UPDATE jobs SET run_at = now() - make_interval(secs => %s) WHERE dedupe_key = ANY(%s)",
-               (ago, [f"poll:{c['id']}" for c in charges]))
+               (ago, [f"poll:{c['id']}" for c in made_charges]))
 
 
 def _status(db, charge: dict) -> str:

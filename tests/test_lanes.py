@@ -71,12 +71,12 @@ def test_refund_poll_is_born_in_its_rail_lane(db, merchant):
 
 
 def test_the_scan_backstop_puts_each_poll_in_its_charges_rail_lane(db, merchant):
-    charges = [_charge_on(db, merchant, "mtn"), _charge_on(db, merchant, "orange")]
+    made_charges = [_charge_on(db, merchant, "mtn"), _charge_on(db, merchant, "orange")]
     db.execute("DELETE FROM jobs WHERE kind = 'poll'")
     db.execute("UPDATE charges SET created_at = now() - interval '2 hours'")
     rows = db.execute(queue.Q["scan_live"], {"untouched": 60}).fetchall()
     assert len(rows) == 2
-    for charge in charges:
+    for charge in made_charges:
         assert _lane(db, f"poll:{charge['id']}") == charge["rail"]
 
 
@@ -415,14 +415,14 @@ def test_a_hanging_webhook_lane_does_not_hold_up_mtn_status_reads(db, db_url, po
     created = [payments.create_and_submit(pool, lambda code: adapter, merchant_id="m_calm", amount=1500,
                                           currency="EUR", rail="mtn", payer=f"2567700001{i:02d}")
                for i in range(3)]
-    charges = [c["charge"]["id"] for c in created]
+    made_charges = [c["charge"]["id"] for c in created]
     with TimeMachine(db_url, kinds=("poll",)):
         wait_until(lambda: db.execute("SELECT count(*) FROM charges WHERE id = ANY(%s) AND status = 'succeeded'",
-                                      (charges,)).fetchone()[0] == 3,
+                                      (made_charges,)).fetchone()[0] == 3,
                    timeout=60, what="the MTN charges to settle while the webhooks lane hangs")
     # ... and the deliveries are still hanging: nothing finished, nothing retried
     assert hanging() == webhook_loops and tarpit.accepted == webhook_loops
-    assert db.execute("SELECT count(*) FROM jobs WHERE kind = 'deliver' AND attempts > 0").fetchone()[0] \
+    assert db.execute("SELECT count(*) FROM jobs WHERE kind = 'deliver' AND attempts > 0").fetchone()[0]\
         == webhook_loops
     for c in created:
         assert sandbox.count(method="GET", reference=c["charge"]["rail_reference"]) >= 1

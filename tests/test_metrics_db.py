@@ -37,21 +37,21 @@ def test_the_gauges_count_what_the_tables_hold(db, pool):
     db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled) VALUES "
                "('we_a', 'm1', 'https://a.example/h', 'whsec_x', false), "
                "('we_b', 'm1', 'https://b.example/h', 'whsec_y', true)")
-    charges = [charges.create_payment(db, merchant_id="m1", amount=1000, currency="EUR", rail="mtn",
+    made_charges = [charges.create_payment(db, merchant_id="m1", amount=1000, currency="EUR", rail="mtn",
                                     payer="256770000001").charge for _ in range(3)]
-    db.execute("UPDATE charges SET status = 'unresolved' WHERE id = %s", (charges[0]["id"],))
+    db.execute("UPDATE charges SET status = 'unresolved' WHERE id = %s", (made_charges[0]["id"],))
     db.execute("UPDATE charges SET status = 'succeeded', settled_at = now() WHERE id = %s",
-               (charges[1]["id"],))
+               (made_charges[1]["id"],))
     # lanes: three polls (mtn) and three fan-outs (webhooks) were born with the payments
-    db.execute("UPDATE jobs SET run_at = 'infinity' WHERE dedupe_key = %s", (f"poll:{charges[0]['id']}",))
+    db.execute("UPDATE jobs SET run_at = 'infinity' WHERE dedupe_key = %s", (f"poll:{made_charges[0]['id']}",))
     db.execute("UPDATE jobs SET run_at = now() - interval '1 second' WHERE dedupe_key = %s",
-               (f"poll:{charges[1]['id']}",))
+               (f"poll:{made_charges[1]['id']}",))
     db.execute("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE dedupe_key = %s",
-               (f"poll:{charges[2]['id']}",))
+               (f"poll:{made_charges[2]['id']}",))
     db.execute("UPDATE jobs SET locked_by = 'w', locked_at = now(), lease_token = gen_random_uuid(), "
                "lease_expires_at = now() + interval '5 minutes', run_at = now() WHERE kind = 'fanout'")
     db.execute("INSERT INTO alerts (kind, charge_id) VALUES ('charge_unresolved', %s), "
-               "('rail_contradiction', %s)", (charges[0]["id"], charges[1]["id"]))
+               "('rail_contradiction', %s)", (made_charges[0]["id"], made_charges[1]["id"]))
     db.execute("INSERT INTO alerts (kind, acknowledged_at) VALUES ('job_dead_lettered', now())")
 
     values = _values(gauges.DatabaseCollector(pool, lanes=lanes.LANES))

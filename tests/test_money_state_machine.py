@@ -149,7 +149,7 @@ class MoneyMachine(RuleBasedStateMachine):
 
     pool = None  # set by the test function (the session pool of this xdist worker)
 
-    charges = Bundle("charges")
+    made_charges = Bundle("charges")
     refunds_ = Bundle("refunds")
 
     def __init__(self) -> None:
@@ -226,11 +226,11 @@ class MoneyMachine(RuleBasedStateMachine):
 
     # ---- rules: payments --------------------------------------------------
 
-    @initialize(target=charges, amount=st.integers(1, 5000), first=st.sampled_from(SUBMITS))
+    @initialize(target=made_charges, amount=st.integers(1, 5000), first=st.sampled_from(SUBMITS))
     def first_payment(self, amount, first):
         return self.create_payment(amount, first)
 
-    @rule(target=charges, amount=st.integers(1, 5000), first=st.sampled_from(SUBMITS))
+    @rule(target=made_charges, amount=st.integers(1, 5000), first=st.sampled_from(SUBMITS))
     def create_payment(self, amount, first):
         with self.pool.connection() as conn:
             created = charges.create_payment(conn, merchant_id=MERCHANT, amount=amount, currency="EUR",
@@ -245,11 +245,11 @@ class MoneyMachine(RuleBasedStateMachine):
                 payments.submit(conn, self.rail, charge)
         return charge["id"]
 
-    @rule(charge=charges, answer=st.sampled_from(ANSWERS), times=st.integers(1, 3))
+    @rule(charge=made_charges, answer=st.sampled_from(ANSWERS), times=st.integers(1, 3))
     def rail_will_answer(self, charge, answer, times):
         self.rail.answers[self._reference("charges", charge)].extend([answer] * times)
 
-    @rule(charge=charges, answer=MAYBE_ANSWER, crash=st.sampled_from(CRASHES))
+    @rule(charge=made_charges, answer=MAYBE_ANSWER, crash=st.sampled_from(CRASHES))
     def poll(self, charge, answer, crash):
         """The rail's next answer (``None``: whatever it had queued, or its
         default), then the poll job runs (if it is there and not leased)."""
@@ -257,7 +257,7 @@ class MoneyMachine(RuleBasedStateMachine):
             self.rail.answers[self._reference("charges", charge)].append(answer)
         self._run(f"poll:{charge}", crash)
 
-    @rule(charge=charges, resend=st.sampled_from(("accepted", "taken_unheard", "no_answer", "misconfigured",
+    @rule(charge=made_charges, resend=st.sampled_from(("accepted", "taken_unheard", "no_answer", "misconfigured",
                                                   "rejected")),
           answer=MAYBE_ANSWER, crash=st.sampled_from(CRASHES))
     def resubmit(self, charge, resend, answer, crash):
@@ -269,12 +269,12 @@ class MoneyMachine(RuleBasedStateMachine):
             self.rail.answers[reference].append(answer)
         self._run(f"resubmit:{charge}", crash)
 
-    @rule(charge=charges)
+    @rule(charge=made_charges)
     def callback(self, charge):
         with self.pool.connection() as conn:
             apply_hint(conn, "mtn", self._reference("charges", charge))
 
-    @rule(charge=charges, past=st.sampled_from((TTL + 1, HORIZON + 1)))
+    @rule(charge=made_charges, past=st.sampled_from((TTL + 1, HORIZON + 1)))
     def clock_moves(self, charge, past):
         """The charge (and its refunds) are now ``past`` seconds old."""
         with self.pool.connection() as conn:
@@ -283,7 +283,7 @@ class MoneyMachine(RuleBasedStateMachine):
                                      "WHERE {} = %s").format(sql.Identifier(table), sql.Identifier(column)),
                              (past, charge))
 
-    @rule(charge=charges, what=st.sampled_from(("reap", "sweep")))
+    @rule(charge=made_charges, what=st.sampled_from(("reap", "sweep")))
     def housekeeping(self, charge, what):
         """A dead worker's leases run out and are reaped, or the hourly sweep
         runs (it reaps and escalates overdue charges)."""
@@ -294,7 +294,7 @@ class MoneyMachine(RuleBasedStateMachine):
 
     # ---- rules: refunds ---------------------------------------------------
 
-    @rule(target=refunds_, charge=charges, amount=st.one_of(st.none(), st.integers(1, 5000)),
+    @rule(target=refunds_, charge=made_charges, amount=st.one_of(st.none(), st.integers(1, 5000)),
           first=st.sampled_from(SUBMITS))
     def create_refund(self, charge, amount, first):
         with self.pool.connection() as conn:
