@@ -4,7 +4,7 @@
     python bench/charges.py [--charges 300] [--json out.json]
     VPAY_DATABASE_URL=... python bench/charges.py
 
-N MTN charges on the sandbox rail (vpay/sandbox/mtn.py, a real HTTP server on
+N MTN charges on the sandbox rail (vpay/sandbox/mtn/, a real HTTP server on
 127.0.0.1, every payer approving within 0.2 s), created and submitted the
 way the API does (``payments.create_and_submit``), then one ``vpay-worker``
 at its default flags runs until every charge has settled and every job but

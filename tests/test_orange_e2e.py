@@ -1,6 +1,6 @@
 """Orange Money Web Payment end to end: the installed vpay-worker, a real
 `vpay-server api` (gunicorn) configured for Orange only, the Orange sandbox
-(vpay/sandbox/orange.py, a real HTTP server in this process) and a real
+(vpay/sandbox/orange/, a real HTTP server in this process) and a real
 Postgres.
 
 Design page, "Callbacks are hints" and "What the worker does not do" (the

@@ -1,4 +1,4 @@
-"""Where the MoMo sandbox (vpay/sandbox/mtn.py) follows MTN's published API
+"""Where the MoMo sandbox (vpay/sandbox/mtn/) follows MTN's published API
 (issue 17; sources in docs/sandbox.md): reason shape, balance and
 account-holder endpoints, EUR only in the ``sandbox`` target environment,
 the common-errors table's HTTP statuses, an optional ``externalId``, and

@@ -1,4 +1,4 @@
-"""The Orange Money Web Payment sandbox (vpay/sandbox/orange.py) over
+"""The Orange Money Web Payment sandbox (vpay/sandbox/orange/) over
 real HTTP on 127.0.0.1: it must refuse what Orange refuses, so that the e2e
 tests built on it mean something. No database."""
 

@@ -1,4 +1,4 @@
-"""Conformance: the MoMo sandbox (vpay/sandbox/mtn.py) driven by a MoMo client
+"""Conformance: the MoMo sandbox (vpay/sandbox/mtn/) driven by a MoMo client
 library that no one here wrote, PyPI ``mtn-momo-client`` (``momo_api``,
 lepresk/momo-api-python), used through its documented API only.
 

@@ -1,4 +1,4 @@
-"""The local MoMo Collection double (vpay/sandbox/mtn.py), driven over real
+"""The local MoMo Collection double (vpay/sandbox/mtn/), driven over real
 HTTP with plain ``requests``, the way a MoMo client would. No database."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The sandbox rail's Disbursement refunds (vpay/sandbox/mtn.py), driven over
+"""The sandbox rail's Disbursement refunds (vpay/sandbox/mtn/), driven over
 real HTTP with plain ``requests``, the way a MoMo client would. No database."""
 
 from __future__ import annotations
