@@ -320,7 +320,7 @@ def test_a_claim_whose_answer_is_lost_is_handed_back_by_its_token(db, db_url, te
             with pool.connection() as conn:
                 w._claim_on(conn, ("housekeeping",))
         assert proxy.cuts == 1
-        assert not w._unanswered  # released at once: the database answered the hand-back
+        assert not w.leases.unanswered  # released at once: the database answered the hand-back
     finally:
         pool.close()
         proxy.close()
@@ -338,12 +338,12 @@ def test_a_write_whose_answer_was_lost_is_kept_when_the_row_shows_it_made_and_on
     w = _worker(pool)
     job = queue.claim(db, "w1", 300.0, ["housekeeping"])
     assert queue.reschedule(db, job, 0, None)  # what the lost attempt committed (due at once)
-    assert w._write_retrying(job, RetryAfter(60), None, True) is True
+    assert w.outcomes.write_retrying(job, RetryAfter(60), None, True) is True
     assert w.gauge.snapshot()["retried"] == 1
     # Still ours once another worker has claimed the job since: the row names
     # the lease whose holder ended it.
     assert queue.claim(db, "w2", 300.0, ["housekeeping"]) is not None
-    assert w._write_retrying(job, RetryAfter(60), None, True) is True
+    assert w.outcomes.write_retrying(job, RetryAfter(60), None, True) is True
     assert w.gauge.snapshot()["retried"] == 2
     # A finish leaves no row to ask: after errors the server answered (each
     # attempt rolled back), a row gone is another's doing, and nothing is
@@ -351,13 +351,13 @@ def test_a_write_whose_answer_was_lost_is_kept_when_the_row_shows_it_made_and_on
     queue.enqueue(db, "test.count", "f", lane="housekeeping")
     gone = queue.claim(db, "w1", 300.0, ["housekeeping"])
     db.execute("DELETE FROM jobs WHERE id = %s", (gone.id,))
-    assert w._write_retrying(gone, Done(), None, False) is False
-    assert w._write_retrying(gone, Done(), None, True) is True
+    assert w.outcomes.write_retrying(gone, Done(), None, False) is False
+    assert w.outcomes.write_retrying(gone, Done(), None, True) is True
     assert w.gauge.snapshot()["done"] == 1
 
 
 def _finish_with_faults(db, pool, monkeypatch, faults):
-    """Claim a job, then ``_apply`` a ``Done`` whose n-th call of
+    """Claim a job, then ``OutcomeWriter.apply`` a ``Done`` whose n-th call of
     ``queue.finish`` runs ``faults[n](conn, job, real_finish)`` (the real
     finish from there on). Answers ``(kept, calls, worker)``."""
     from vpay.engine.outcome import Done
@@ -372,7 +372,7 @@ def _finish_with_faults(db, pool, monkeypatch, faults):
             return faults[len(calls) - 1](conn, j, real)
         return real(conn, j)
     monkeypatch.setattr(queue, "finish", faulty)
-    kept, _ = w._apply(job, Done(), None)
+    kept, _ = w.outcomes.apply(job, Done(), None)
     return kept, calls, w
 
 
@@ -396,7 +396,7 @@ def test_a_finish_whose_lease_was_lost_is_not_counted_done_after_a_pool_timeout(
     # was reaped and another worker finished the job meanwhile; our retry
     # matches nothing, and that is a lost lease, not our finish.
     from psycopg_pool import PoolTimeout
-    from vpay.worker.loop import answer_lost
+    from vpay.worker.outcomes import answer_lost
     assert not answer_lost(PoolTimeout("couldn't get a connection after 30.00 sec"))
 
     def finished_elsewhere_then_timed_out(conn, j, real):
@@ -436,34 +436,34 @@ def test_a_claim_the_server_refused_is_not_handed_back(db, db_url, pool):
     # Read-only (a demoted primary): the server answered, the claim was
     # rolled back, so no token is kept to hand back (none would pile up for
     # the length of the outage).
-    from vpay.worker.loop import answer_lost
+    from vpay.worker.outcomes import answer_lost
     w = _worker(pool)
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("SET default_transaction_read_only = on")
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as refused:
             w._claim_on(conn, ("housekeeping",))
-    assert not answer_lost(refused.value) and not w._unanswered
+    assert not answer_lost(refused.value) and not w.leases.unanswered
     assert answer_lost(psycopg.OperationalError("server closed the connection unexpectedly"))
 
 
 def test_tokens_kept_while_the_database_is_away_are_bounded_and_handed_back_by_the_heartbeat(
         db, pool, monkeypatch):
-    from vpay.worker import loop as vloop
+    from vpay.worker import leases as vleases
     queue.enqueue(db, "test.count", "s", lane="housekeeping")
     token = queue.new_lease_token()
     assert queue.claim_or_next_due(db, "w1", 300.0, ["housekeeping"], token=token)[0] is not None
     ctx = handlers.Context(pool=pool, worker_id="w1")
     w = Worker(pool, ctx, WorkerConfig(worker_id="w1", concurrency=1, lease=0.9), ShutdownSignals())
     # the database away: every hand-back attempt fails, and the tokens stay
-    release = w._release_unanswered
-    monkeypatch.setattr(w, "_release_unanswered", lambda: None)
-    w._hand_back(token)
-    for _ in range(vloop.MAX_UNANSWERED):
-        w._hand_back(queue.new_lease_token())
-    assert len(w._unanswered) == vloop.MAX_UNANSWERED and token not in w._unanswered  # oldest dropped
-    monkeypatch.setattr(w, "_release_unanswered", release)
-    w._unanswered = {token: None}
-    beat = threading.Thread(target=w._heartbeat_thread, daemon=True)
+    release = w.leases.release_unanswered
+    monkeypatch.setattr(w.leases, "release_unanswered", lambda: None)
+    w.leases.hand_back(token)
+    for _ in range(vleases.MAX_UNANSWERED):
+        w.leases.hand_back(queue.new_lease_token())
+    assert len(w.leases.unanswered) == vleases.MAX_UNANSWERED and token not in w.leases.unanswered  # oldest dropped
+    monkeypatch.setattr(w.leases, "release_unanswered", release)
+    w.leases.unanswered = {token: None}
+    beat = w.heartbeat
     beat.start()  # every lease / 3 = 0.3 s
     try:
         wait_until(lambda: db.execute("SELECT locked_by FROM jobs WHERE dedupe_key = 's'").fetchone()
@@ -471,4 +471,4 @@ def test_tokens_kept_while_the_database_is_away_are_bounded_and_handed_back_by_t
     finally:
         w._halt.set()
         beat.join(5)
-    assert not w._unanswered
+    assert not w.leases.unanswered
