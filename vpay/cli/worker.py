@@ -71,7 +71,6 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         refuse("--shutdown-grace-seconds must be >= 0, --lease-seconds and --idle-sleep > 0, "
                 "all finite numbers")
     from vpay.engine import lanes
-    import vpay.money  # noqa: F401  (registers the domain's lanes: --queues defaults to every lane)
     try:
         served = lanes.parse_queues(*_lane_setting(ctx, "queues", queues, "VPAY_WORKER_QUEUES"))
         overrides = lanes.parse_lane_concurrency(
