@@ -19,7 +19,7 @@ lane           kinds
 This module owns the mapping. The two SQL statements that insert jobs
 without Python (``scan_live`` in sql/queries/money.sql: a poll's lane is its
 charge's rail; ``fanout_deliveries`` in sql/queries/webhooks.sql:
-``webhooks``) follow the same rule; tests/test_lanes.py checks they agree.
+``webhooks``) follow the same rule; tests/integration/test_lanes.py checks they agree.
 
 The split (``split``): ``--worker-concurrency`` is the total number of claim
 loops. Each lane served gets at least one loop of its own; the loops left
