@@ -8,6 +8,11 @@
 * Each xdist worker gets its own database, cloned (``CREATE DATABASE …
   TEMPLATE``) from a template migrated once per set of migration files.
 * ``db`` empties every table before a test, so tests pass in any order.
+* The server starts on the first test that asks for a database (the
+  session-scoped ``server_url``), so ``pytest -m unit`` starts none.
+* Rings (docs/testing.md): a test's folder gives it its marker (``unit``,
+  ``integration``, ``acceptance``); a unit test asking for a database or a
+  process, or an integration test asking for a process, stops the run.
 """
 
 from __future__ import annotations
@@ -80,6 +85,46 @@ def pytest_configure(config):
     if not os.environ.get("VPAY_TEST_DATABASE_URL", "").strip():
         import pg_orphans
         pg_orphans.sweep(Path(tempfile.gettempdir()))
+
+
+RINGS = ("unit", "integration", "acceptance")
+# What a ring may not ask for (through any fixture it uses): unit tests have
+# no database and start no process; integration tests run in this process.
+_PROCESS_FIXTURES = frozenset({"spawn", "api_stack", "stack"})
+_FORBIDDEN = {
+    "unit": frozenset({"server_url", "db_url", "pool", "db", "merchant"}) | _PROCESS_FIXTURES,
+    "integration": _PROCESS_FIXTURES,
+    "acceptance": frozenset(),
+}
+
+
+def ring_of(path: Path) -> str | None:
+    """The ring a test file belongs to: the folder under tests/ it sits in."""
+    here = Path(__file__).resolve().parent
+    try:
+        folder = Path(path).resolve().relative_to(here).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return folder if folder in RINGS else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its ring, and refuse the run (before any test
+    starts) when a test sits outside the rings or asks for what its ring
+    promises not to use."""
+    broken = []
+    for item in items:
+        ring = ring_of(item.path)
+        if ring is None:
+            broken.append(f"{item.nodeid}: not in a ring (tests/unit, tests/integration, tests/acceptance)")
+            continue
+        item.add_marker(getattr(pytest.mark, ring))
+        asked = sorted(_FORBIDDEN[ring] & set(item.fixturenames))
+        if asked:
+            broken.append(f"{item.nodeid}: the {ring} ring uses no {', '.join(asked)} (docs/testing.md): "
+                          "move the test to a heavier ring or drop the fixture")
+    if broken:
+        raise pytest.UsageError("tests outside their ring's promise:\n  " + "\n  ".join(broken))
 
 
 def _with_db(url: str, dbname: str) -> str:

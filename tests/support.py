@@ -28,7 +28,12 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval:
 
 
 def script(name: str) -> str:
-    """Path of an installed console script (``vpay-worker``, ``vpay-server``)."""
+    """Path of an installed console script (``vpay-worker``, ``vpay-server``).
+    Raises RuntimeError when called from a unit or integration test: only
+    the acceptance ring runs our console scripts (docs/testing.md)."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if current.startswith(("tests/unit/", "tests/integration/")):
+        raise RuntimeError(f"{current.split(' ')[0]} runs {name}: console scripts run only in tests/acceptance")
     beside = Path(sys.executable).with_name(name)
     if beside.exists():
         return str(beside)

@@ -1,7 +1,7 @@
 """vpay.base.metrics and vpay.base.logs in process: the job context on log lines, the
 rail adapters' counted, timed and structured calls (HTTP faked with
 ``responses``), the outcome labels, and the database collector without a
-database. Live processes are in tests/test_observability.py."""
+database. Live processes are in tests/acceptance/test_observability.py."""
 
 from __future__ import annotations
 

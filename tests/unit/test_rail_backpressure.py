@@ -1,6 +1,6 @@
 """Rail backpressure and the per-call deadline settings, on the adapters alone
 (``responses`` stands in for the rail; the end-to-end proof with a real stub
-and the worker is tests/test_isolation.py)."""
+and the worker is tests/acceptance/test_isolation.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The OpenAPI 3.1 document of every route, served at ``/openapi.json``.
-tests/test_api_fuzz.py keeps it true: the app's routes and methods equal the
+tests/integration/test_api_fuzz.py keeps it true: the app's routes and methods equal the
 document's, and every status a fuzzed request gets is documented for its
 operation."""
 

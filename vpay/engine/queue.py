@@ -117,7 +117,7 @@ nothing (``id = NULL``) and ``finished`` is false."""
 CLAIM_COLUMNS = ("finished", "id", "kind", "lane", "dedupe_key", "payload", "attempts",
                  "failures", "lease_token", "run_at", "created_at", "late_by", "next_due_in")
 """The one row of ``claim_lane`` / ``claim_lanes``, in order (read by position:
-tests/test_queue.py holds both statements to it)."""
+tests/integration/test_queue.py holds both statements to it)."""
 
 
 def _claim_cursor(conn: psycopg.Connection) -> psycopg.Cursor:

@@ -28,21 +28,8 @@ from vpay import webhooks
 
 pytestmark = pytest.mark.slow
 
-RUNBOOKS = Path(__file__).resolve().parent.parent / "docs" / "runbooks"
+RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
 FENCE = re.compile(r"^```(sh|sql)\n(.*?)^```", re.MULTILINE | re.DOTALL)
-PLACEHOLDER = re.compile(r"\$\d|…|\.\.\.|<[a-z_ ]+>|\bch_…|\bpi_…")
-
-# (runbook, section) → the test that produces its situation and runs its blocks
-COVERED = {
-    ("worker-queue.md", "Is the fleet healthy?"): "test_fleet_health",
-    ("worker-queue.md", "A dead-lettered job"): "test_a_dead_lettered_delivery_is_found_and_retried",
-    ("worker-queue.md", "A stranded lease"): "test_a_killed_workers_stranded_lease_is_found_and_released",
-    ("worker-queue.md", "A rail contradicting a settled charge"):
-        "test_a_contradiction_is_found_and_acknowledged",
-    ("worker-queue.md", "What is kept, and for how long"): "test_the_retention_dry_run_counts_what_would_go",
-    ("unresolved-charges.md", ""):
-        "test_an_unresolved_charge_is_found_reconciled_against_the_statement_and_acknowledged",
-}
 
 
 def runbook_blocks() -> list[tuple[str, str, str, str]]:
@@ -108,17 +95,6 @@ def pay(db, stack, payer: str) -> dict:
 
 def status(db, charge_id: str) -> str:
     return db.execute("SELECT status FROM charges WHERE id = %s", (charge_id,)).fetchone()[0]
-
-
-# ---- the runbooks as documents ---------------------------------------------
-
-def test_every_runbook_block_is_run_by_a_scenario_and_has_no_placeholder():
-    blocks = runbook_blocks()
-    assert {(f, h) for f, h, _, _ in blocks} == set(COVERED)
-    for name in COVERED.values():
-        assert name in globals(), name
-    for f, h, lang, text in blocks:
-        assert not PLACEHOLDER.search(text), (f, h, text)
 
 
 # ---- each situation, produced for real, then the runbook's blocks ---------

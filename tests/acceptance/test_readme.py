@@ -24,7 +24,7 @@ from support import script, wait_until
 
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def run_it_for_real() -> str:

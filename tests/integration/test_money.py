@@ -6,10 +6,8 @@ import threading
 
 import psycopg
 import pytest
-from hypothesis import given, strategies as st
 
 from vpay.money import charges
-from vpay.handlers.poll import poll_delay
 from vpay.rails.port import StatusKind
 
 COUNT_ALL = "SELECT (SELECT count(*) FROM payment_intents), (SELECT count(*) FROM charges), " \
@@ -126,17 +124,3 @@ def test_settle_sets_the_failure_code_and_intent_requires_payment_method(db, mer
     assert db.execute("SELECT c.status, c.failure_code, i.status, i.next_action FROM charges c "
                       "JOIN payment_intents i ON i.id = c.payment_intent_id").fetchone() == \
         ("failed", "PAYER_NOT_FOUND", "requires_payment_method", None)
-
-
-def test_poll_delay_matches_the_ladder_table():
-    assert [poll_delay(a) for a in range(6)] == [10, 20, 30, 45, 60, 90]
-    assert {poll_delay(a) for a in range(6, 20)} == {120}
-    assert {poll_delay(a) for a in (20, 21, 100, 10_000)} == {900}
-    with pytest.raises(ValueError):
-        poll_delay(-1)
-
-
-@given(st.integers(min_value=0, max_value=100_000), st.integers(min_value=0, max_value=100_000))
-def test_poll_delay_is_monotonic_non_decreasing(a, b):
-    lo, hi = sorted((a, b))
-    assert poll_delay(lo) <= poll_delay(hi)

@@ -17,51 +17,15 @@
 
 from __future__ import annotations
 
-import copy
-import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import chaos_checks  # noqa: E402
-
-
-def _chaos(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run bench/chaos.py in a session of its own. On timeout it gets SIGTERM
-    (it shuts its processes down), then its whole process group SIGKILL, so
-    no worker, API or rail outlives the test."""
-    proc = subprocess.Popen([sys.executable, str(BENCH / "chaos.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        raise AssertionError(f"bench/chaos.py ran over {timeout} s:\n{out[-5000:]}\n{err[-3000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def test_same_seed_same_schedule():
-    a = _chaos("--seed", "41", "--payments", "200", "--faults", "30", "--print-schedule")
-    b = _chaos("--seed", "41", "--payments", "200", "--faults", "30", "--print-schedule")
-    c = _chaos("--seed", "42", "--payments", "200", "--faults", "30", "--print-schedule")
-    assert a.returncode == b.returncode == c.returncode == 0, a.stderr + c.stderr
-    assert a.stdout == b.stdout
-    assert a.stdout.count("  fault t=") == 30
-    assert a.stdout != c.stdout
-    digest = [line.split("digest ")[1] for line in a.stdout.splitlines() if "digest " in line]
-    assert digest and digest[0] not in c.stdout
 
 
 # --------------------------------------------------------------------------- planted violations
@@ -260,46 +224,3 @@ def test_an_unquiet_run_is_a_violation():
     snap = clean_snapshot()
     snap.update(quiescent=False, unquiet={"live_jobs": 3})
     assert [v["check"] for v in chaos_checks.run_all(snap)] == ["quiescent"]
-
-
-# --------------------------------------------------------------------------- the run
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_small_chaos_run_has_no_violations(tmp_path):
-    report_path = tmp_path / "report.json"
-    run = _chaos("--seed", "12", "--payments", "30", "--faults", "12", "--rate", "2", "--deadline", "90",
-                 "--report", str(report_path), "--workdir", str(tmp_path / "work"), timeout=230)
-    assert report_path.exists(), run.stdout[-5000:] + run.stderr[-5000:]
-    report = json.loads(report_path.read_text())
-    assert report["violations"] == [], run.stdout[-5000:]
-    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
-    # a key the API holds after its request died with the database created nothing: documented, not lost
-    held_empty = sum(1 for h in report["held_keys"] if not h["committed"])
-    assert report["payments_created"] + held_empty == 30 and report["quiescent"]
-    # one fault of every kind was scheduled and applied
-    assert report["faults_by_type"] == {kind: 1 for kind in report["faults_by_type"]}
-    assert len(report["faults_by_type"]) == 12
-    assert sum(report["faults_applied"].values()) == 12
-    # every created payment told the merchant it was processing, and every
-    # settled charge its end: exactly one terminal event per terminal charge
-    # (the checks above already prove events equal transitions, one by one)
-    by_type = report["events_by_type"]
-    assert by_type.get("payment_intent.processing", 0) >= report["payments_created"]
-    assert by_type.get("payment_intent.succeeded", 0) == report["charges"].get("succeeded", 0) > 0
-    assert by_type.get("payment_intent.payment_failed", 0) == report["charges"].get("failed", 0)
-
-    # the checks fail on this run's own data once a violation is planted
-    snap = json.loads((tmp_path / "work" / "snapshot.json").read_text())
-    assert chaos_checks.run_all(snap) == []
-    planted = copy.deepcopy(snap)
-    succeeded = next(c for c in planted["charges"] if c["status"] == "succeeded")
-    planted["rail"]["transactions"][succeeded["rail_reference"]]["status"] = "FAILED"
-    event = planted["events"][0]
-    for ids in planted["delivered"].values():
-        if event["id"] in ids:
-            ids.remove(event["id"])
-    found = {(v["check"], v["id"]) for v in chaos_checks.run_all(planted)}
-    assert ("ledger", succeeded["id"]) in found
-    assert ("delivered", event["id"]) in found

@@ -9,7 +9,6 @@ import subprocess
 import pytest
 
 from support import TimeMachine, base_env, rail_env, script, wait_until
-from vpay.base import db as vdb
 from vpay.money import payments
 from vpay.rails.mtn import MtnMomo
 
@@ -99,11 +98,3 @@ def test_rail_errors_and_timeouts_never_fail_a_charge(db, db_url, pool, sandbox,
     assert note.startswith("rail: no_answer")
     assert _events(db, flaky["payment_intent_id"]) == ["payment_intent.processing",
                                                        "payment_intent.succeeded"]
-
-
-def test_request_to_pay_sends_momo_headers_and_body(db, pool, sandbox, merchant):
-    created = _create(pool, sandbox, merchant, SUCCESS, amount=1050)
-    [txn] = sandbox.transactions()
-    assert txn["reference"] == created["charge"]["rail_reference"]
-    assert txn["amount"] == "10.50" and txn["currency"] == "EUR"
-    assert txn["externalId"] == created["charge"]["id"]

@@ -12,9 +12,6 @@ import pytest
 from support import base_env, script
 from vpay.money import charges
 from vpay.engine import queue
-from vpay.handlers import Context
-from vpay.handlers.sweep import sweep
-from vpay.base.settings import Settings
 
 
 def run(db_url: str, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -215,29 +212,12 @@ def test_prune_keeps_an_event_whose_delivery_is_still_pending(db, db_url, mercha
     assert charge
 
 
-@pytest.mark.parametrize("days, pruned", [(30, True), (0, False)])
-def test_the_hourly_sweep_prunes_by_retention_days_and_zero_keeps_everything(db, pool, merchant, days, pruned):
-    _payment(db, merchant, "succeeded")
-    db.execute("DELETE FROM jobs")
-    _age_everything(db, 40)
-    queue.enqueue(db, "sweep", "sweep:expired")
-    job = queue.claim(db, "w")
-    sweep(job, Context(pool=pool, worker_id="w", settings=Settings(retention_days=days)))
-    left = db.execute("SELECT count(*) FROM events").fetchone()[0]
-    assert left == (0 if pruned else 2)
-
-
 @pytest.mark.parametrize("value", ["-1", "ninety", "1.5", "999999"])
 def test_a_bad_retention_setting_refuses_the_worker(db_url, value):
     res = subprocess.run([script("vpay-worker")], env=base_env(db_url, VPAY_RETENTION_DAYS=value),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 78
     assert "VPAY_RETENTION_DAYS" in failure_line(res)
-
-
-def test_settings_default_retention_is_ninety_days():
-    assert Settings.from_env({}).retention_days == 90
-    assert Settings.from_env({"VPAY_RETENTION_DAYS": "0"}).retention_days == 0
 
 
 @pytest.mark.parametrize("amount", ["1_000", " 100", "\u0661\u0660\u0660", "1500\n"],

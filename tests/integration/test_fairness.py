@@ -13,7 +13,6 @@ import threading
 import uuid
 
 import psycopg
-import pytest
 from psycopg.conninfo import make_conninfo
 
 from vpay.base import db as vdb
@@ -380,67 +379,3 @@ def test_the_migration_records_the_merchant_of_jobs_already_queued(db_url):
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name}")
-
-
-# --- when a worker rebalances ------------------------------------------------
-
-
-class _Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-def test_a_lane_is_rebalanced_only_when_behind_and_at_most_once_per_interval():
-    clock = _Clock()
-    r = fairness.Rebalancer(behind=0.25, interval=0.5, clock=clock)
-    assert not r.take_turn("mtn", 0.25)      # at the threshold: keeping up
-    assert r.take_turn("mtn", 0.2501)
-    assert not r.take_turn("mtn", 30.0)      # the turn was just taken
-    assert r.take_turn("orange", 1.0)        # lanes take turns apart
-    clock.now += 0.4999
-    assert not r.take_turn("mtn", 1.0)
-    clock.now += 0.0001
-    assert r.take_turn("mtn", 1.0)
-    assert not r.take_turn("housekeeping", 60.0)  # no merchants there
-
-
-def test_a_share_below_one_is_refused():
-    with pytest.raises(ValueError, match="at least 1"):
-        fairness.Rebalancer(share=0)
-
-
-# --- a real worker -------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_a_burst_on_a_rail_does_not_hold_up_other_merchants_reads(db, db_url, spawn):
-    """One merchant's 60 charges fall due together, 5 s before two calm
-    merchants' next reads; one claim loop serves the lane. Oldest first, the
-    calm merchants' reads would come 61st and later; with fairness they come
-    right after the burst's first read, one burst read per round between."""
-    from rail_stub import MomoStub
-    from support import base_env, wait_until
-
-    _merchants(db, "m_burst", "m_calm", "m_other")
-    burst = [_poll(db, "m_burst", ago=8 - i * 0.01) for i in range(60)]
-    calm = _poll(db, "m_calm", ago=3)
-    other = [_poll(db, "m_other", ago=2 - i * 0.1) for i in range(2)]
-    made_charges = dict(db.execute("SELECT id, rail_reference FROM charges"))
-    ref = {key: made_charges[key.split(":", 1)[1]] for key in burst + [calm] + other}
-    stub = MomoStub(default_outcome=("10.00", "EUR"))
-    try:
-        spawn("vpay-worker", "--queues", "mtn", "--worker-concurrency", "1", "--idle-sleep", "0.1",
-              env=base_env(db_url, **stub.env()))
-        wait_until(lambda: db.execute("SELECT count(*) FROM charges WHERE status = 'succeeded'"
-                                      ).fetchone()[0] == 63, timeout=120, what="every charge settled")
-        reads = [e.reference for e in stub.requests("/collection/v1_0/requesttopay/")
-                 if e.method == "GET"]
-    finally:
-        stub.close()
-    assert sorted(reads) == sorted(ref.values())  # each charge read once
-    assert reads[:5] == [ref[burst[0]], ref[calm], ref[other[0]], ref[burst[1]], ref[other[1]]]
-    assert reads[5:] == [ref[k] for k in burst[2:]]
-    assert db.execute("SELECT count(*) FROM jobs WHERE lane = 'mtn'").fetchone()[0] == 0

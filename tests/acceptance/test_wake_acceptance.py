@@ -1,0 +1,105 @@
+"""Waking on commit with a real ``vpay-worker`` (issue #15). Behaviour, never
+timing: a worker whose idle sleep is 30 s (each loop sleeps 15 to 30 s,
+jittered) claims a job within a deadline far below that, which it can only do
+if something woke it; round trips per no-op job counted through a proxy
+(bench/pgcount.py). The acceptance half of tests/integration/test_wake.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from support import base_env, wait_until
+from vpay.engine import queue
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from pgcount import CountingProxy  # noqa: E402
+
+LONG_SLEEP = "30"
+WELL_UNDER = 10.0  # seconds: a wake-up, not the 15-30 s fallback sleep
+
+
+def _worker(spawn, url, *args):
+    return spawn("vpay-worker", "--idle-sleep", LONG_SLEEP, *args,
+                 env=base_env(url, VPAY_TEST_HANDLERS="1"))
+
+
+def _settled(db) -> bool:
+    """The worker has booted, run its boot jobs and gone idle: the hourly
+    jobs are rescheduled and unleased, and every other session of this
+    database has been idle for a second (its loops are asleep)."""
+    boot = db.execute("SELECT count(*) FROM jobs WHERE dedupe_key IN ('scan:live', 'sweep:expired') "
+                      "AND attempts >= 1 AND locked_at IS NULL").fetchone()[0]
+    busy = db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                      "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+                      "AND (state <> 'idle' OR state_change > now() - interval '1 second')").fetchone()[0]
+    return boot == 2 and busy == 0
+
+
+def _listener_pid(db):
+    row = db.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND application_name LIKE 'vpay-listener%%'").fetchone()
+    return row[0] if row else None
+
+
+def _gone(db, key) -> bool:
+    return db.execute("SELECT count(*) FROM jobs WHERE dedupe_key = %s", (key,)).fetchone()[0] == 0
+
+
+def test_a_job_committed_while_the_worker_idles_is_claimed_long_before_its_idle_sleep(db, db_url, spawn):
+    worker = _worker(spawn, db_url)
+    worker.wait_for_log("worker started")
+    wait_until(lambda: _listener_pid(db) and _settled(db), timeout=60, what="an idle worker")
+    queue.enqueue(db, "test.noop", "wake:1")
+    wait_until(lambda: _gone(db, "wake:1"), timeout=WELL_UNDER,
+               what="the committed job to be claimed and finished (woken, not after the idle sleep)")
+
+
+def test_a_job_due_later_is_claimed_when_due_not_after_the_idle_sleep(db, db_url, spawn):
+    # Nothing notifies for a job due in 2 s: the claim told the loop when the
+    # next one is due, and it sleeps until then.
+    queue.enqueue(db, "test.noop", "later:1", delay=2.0)
+    worker = _worker(spawn, db_url)
+    worker.wait_for_log("worker started")
+    wait_until(lambda: _gone(db, "later:1"), timeout=WELL_UNDER,
+               what="the job due in 2 s to be run when due")
+
+
+def test_the_listener_reconnects_after_its_backend_is_terminated_and_still_wakes(db, db_url, spawn):
+    worker = _worker(spawn, db_url)
+    worker.wait_for_log("worker started")
+    first = wait_until(lambda: _listener_pid(db), timeout=60, what="the listener")
+    assert db.execute("SELECT pg_terminate_backend(%s)", (first,)).fetchone()[0]
+    wait_until(lambda: (_listener_pid(db) or first) != first, timeout=30, what="a new listener session")
+    worker.wait_for_log("listener reconnected")
+    wait_until(lambda: _settled(db), timeout=60, what="an idle worker")
+    queue.enqueue(db, "test.noop", "wake:after-reconnect")
+    wait_until(lambda: _gone(db, "wake:after-reconnect"), timeout=WELL_UNDER,
+               what="the job to be claimed through the new listener")
+    assert worker.popen.poll() is None
+
+
+def test_no_more_than_two_round_trips_per_no_op_job_with_a_real_worker(db, db_url, spawn):
+    # Every connection of the worker goes through a wire-protocol proxy that
+    # counts Sync and Query messages (one wait for the server each). Before
+    # issue #15: claim, finish, and a pool check on each of the two checkouts.
+    proxy = CountingProxy(db_url).start()
+    try:
+        # the long idle sleep keeps idle polling out of the count (bench/peers.py
+        # counts at the default flags, idle claims included)
+        worker = _worker(spawn, proxy.url, "--worker-concurrency", "5", "--queues", "housekeeping")
+        worker.wait_for_log("worker started")
+        wait_until(lambda: _settled(db), timeout=60, what="an idle worker")
+        before = proxy.total()
+        n = 400
+        db.execute("INSERT INTO jobs (kind, lane, dedupe_key) "
+                   "SELECT 'test.noop', 'housekeeping', 'rt:' || g FROM generate_series(1, %s) g", (n,))
+        wait_until(lambda: db.execute("SELECT count(*) FROM jobs WHERE kind = 'test.noop'").fetchone()[0] == 0,
+                   timeout=120, what="the jobs to be done")
+        per_job = (proxy.total() - before) / n
+        assert per_job <= 2.0, (per_job, proxy.by_statement().most_common(6))
+        # and the pool's liveness check (the empty query) is not one of them per job
+        assert proxy.by_statement()[""] < n / 10, proxy.by_statement().most_common(6)
+    finally:
+        proxy.stop()
