@@ -33,6 +33,7 @@ from . import misconfiguration, pollable, queue
 from .currency import CURRENCIES
 from .ids import new_id, new_rail_reference
 from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
+from .logs import committed
 from .queries import Q
 from .rails import KNOWN_RAILS
 from .rails.port import ChargeRequest, Rail, RailStatus, StatusKind
@@ -389,7 +390,7 @@ def settle_proven(conn: psycopg.Connection, p: Pollable, item_id: str, outcome: 
     if not isinstance(evidence.text, str) or not evidence.text.strip():
         raise ValueError("evidence is required")
     kind = StatusKind.SUCCEEDED if outcome == "succeeded" else StatusKind.FAILED
-    with conn.transaction():
+    with committed(conn):
         result = pollable.settle(conn, p, item_id, kind, failure_code=failure_code,
                                  rail_transaction_id=rail_transaction_id)
         if result.transitioned:

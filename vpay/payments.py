@@ -23,6 +23,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from . import misconfiguration, money, queue, testhooks
+from .logs import committed
 from .rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.payments")
@@ -77,7 +78,7 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
     elif answer.kind is SubmitKind.REJECTED:
         money.settle(conn, charge["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
     elif answer.kind is SubmitKind.MISCONFIGURED:
-        with conn.transaction():  # the alert and the failure together, or neither
+        with committed(conn):  # the alert and the failure together, or neither
             misconfiguration.alert(conn, charge["rail"], answer.reason, operation="request_to_pay",
                                    http_status=answer.http_status, charge_id=charge["id"],
                                    effect="kept_pending" if resend else "failed")

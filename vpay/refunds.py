@@ -41,6 +41,7 @@ from psycopg_pool import ConnectionPool
 
 from . import misconfiguration, money, pollable, queue, testhooks
 from .ids import new_id, new_rail_reference
+from .logs import committed
 from .outcome import Done, Outcome
 from .pollable import FIRST_POLL_SECONDS, Pollable, Settled
 from .queries import Q
@@ -167,7 +168,7 @@ def submit(conn: psycopg.Connection, rail: Rail, refund: dict[str, Any], *,
     elif answer.kind is SubmitKind.REJECTED:
         settle_refund(conn, refund["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
     elif answer.kind is SubmitKind.MISCONFIGURED:
-        with conn.transaction():  # the alert and the failure together, or neither
+        with committed(conn):  # the alert and the failure together, or neither
             misconfiguration.alert(conn, refund["rail"], answer.reason, operation="refund",
                                    http_status=answer.http_status, charge_id=refund["charge_id"],
                                    refund_id=refund["id"], effect="kept_pending" if resend else "failed")
