@@ -224,6 +224,8 @@ def _line(line_no: int, fields: list[str], index: dict[str, int], profile: Profi
         value = parse_time(text, now)
         if value is None:
             line.fail(f"{key.replace('_', ' ')}: {_time_error(text, now)}")
+        elif key == "period_end" and len(text) == 10:  # a date alone: the period covers that whole day
+            value += timedelta(days=1, microseconds=-1)
         setattr(line, key, value)
     if bad:  # a NUL byte or an endless field names the first, above any other reason
         line.error = "; ".join(bad)
