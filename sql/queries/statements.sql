@@ -25,22 +25,30 @@ RETURNING id, imported_at;
 -- name: charges_for_statement
 -- Our charges a statement's lines may name: by rail_reference (what we sent),
 -- by Orange's order_id (the first 30 hex digits of it), by our own charge id
--- (MoMo's externalId), or by the rail's transaction id.
+-- (MoMo's externalId), or by the rail's transaction id. One branch per
+-- identifier, each an index scan (an OR of four ANYs over 20,000 values was
+-- planned as a scan comparing every row with every value: seconds a chunk).
 SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM charges
- WHERE rail = %(rail)s
-   AND (rail_reference = ANY(%(refs)s)
-        OR left(replace(rail_reference, '-', ''), 30) = ANY(%(refs)s)
-        OR id = ANY(%(refs)s)
-        OR rail_transaction_id = ANY(%(txids)s));
+  FROM charges WHERE rail = %(rail)s AND rail_reference = ANY(%(refs)s)
+UNION
+SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM charges WHERE rail = %(rail)s AND left(replace(rail_reference, '-', ''), 30) = ANY(%(refs)s)
+UNION
+SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM charges WHERE rail = %(rail)s AND id = ANY(%(refs)s)
+UNION
+SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM charges WHERE rail = %(rail)s AND rail_transaction_id = ANY(%(txids)s);
 
 -- name: refunds_for_statement
 SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM refunds
- WHERE rail = %(rail)s
-   AND (rail_reference = ANY(%(refs)s)
-        OR id = ANY(%(refs)s)
-        OR rail_transaction_id = ANY(%(txids)s));
+  FROM refunds WHERE rail = %(rail)s AND rail_reference = ANY(%(refs)s)
+UNION
+SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM refunds WHERE rail = %(rail)s AND id = ANY(%(refs)s)
+UNION
+SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM refunds WHERE rail = %(rail)s AND rail_transaction_id = ANY(%(txids)s);
 
 -- name: charge_successes_in_period
 -- The successes of ours a statement covering [start, end] must list. Our
