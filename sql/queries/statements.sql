@@ -9,36 +9,46 @@ VALUES (%(charge_id)s, %(refund_id)s, %(outcome)s, %(source)s, %(statement_id)s,
 RETURNING id;
 
 -- name: statement_by_hash
-SELECT id, imported_at FROM statements WHERE rail = %(rail)s AND file_sha256 = %(sha256)s;
+-- completed_at NULL: an --apply whose batches were interrupted; importing the
+-- same file again finishes it.
+SELECT id, imported_at, completed_at FROM statements WHERE rail = %(rail)s AND file_sha256 = %(sha256)s;
 
 -- name: insert_statement
 -- The unique (rail, file_sha256) makes a concurrent import of the same file
 -- wait for the first one's commit, then fail: it changes nothing.
 INSERT INTO statements (id, rail, file_sha256, file_name, profile, columns, period_start, period_end,
-                        line_count, report)
+                        period_source, line_count, report)
 VALUES (%(id)s, %(rail)s, %(sha256)s, %(file_name)s, %(profile)s, %(columns)s, %(period_start)s,
-        %(period_end)s, %(line_count)s, %(report)s)
+        %(period_end)s, %(period_source)s, %(line_count)s, %(report)s)
 RETURNING id, imported_at;
 
 -- name: charges_for_statement
 -- Our charges a statement's lines may name: by rail_reference (what we sent),
 -- by Orange's order_id (the first 30 hex digits of it), by our own charge id
--- (MoMo's externalId), or by the rail's transaction id.
+-- (MoMo's externalId), or by the rail's transaction id. One branch per
+-- identifier, each an index scan (an OR of four ANYs over 20,000 values was
+-- planned as a scan comparing every row with every value: seconds a chunk).
 SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM charges
- WHERE rail = %(rail)s
-   AND (rail_reference = ANY(%(refs)s)
-        OR left(replace(rail_reference, '-', ''), 30) = ANY(%(refs)s)
-        OR id = ANY(%(refs)s)
-        OR rail_transaction_id = ANY(%(txids)s));
+  FROM charges WHERE rail = %(rail)s AND rail_reference = ANY(%(refs)s)
+UNION
+SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM charges WHERE rail = %(rail)s AND left(replace(rail_reference, '-', ''), 30) = ANY(%(refs)s)
+UNION
+SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM charges WHERE rail = %(rail)s AND id = ANY(%(refs)s)
+UNION
+SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM charges WHERE rail = %(rail)s AND rail_transaction_id = ANY(%(txids)s);
 
 -- name: refunds_for_statement
 SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM refunds
- WHERE rail = %(rail)s
-   AND (rail_reference = ANY(%(refs)s)
-        OR id = ANY(%(refs)s)
-        OR rail_transaction_id = ANY(%(txids)s));
+  FROM refunds WHERE rail = %(rail)s AND rail_reference = ANY(%(refs)s)
+UNION
+SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM refunds WHERE rail = %(rail)s AND id = ANY(%(refs)s)
+UNION
+SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM refunds WHERE rail = %(rail)s AND rail_transaction_id = ANY(%(txids)s);
 
 -- name: charge_successes_in_period
 -- The successes of ours a statement covering [start, end] must list. Our
@@ -109,5 +119,46 @@ SELECT c.id, c.status,
 SELECT id, outcome, source, statement_id, line_no, evidence, created_at
   FROM settlement_evidence WHERE charge_id = %(id)s;
 
--- name: set_statement_report
-UPDATE statements SET report = %(report)s WHERE id = %(id)s;
+-- name: complete_statement
+-- The last step of --apply: every batch is in; the stored report is final.
+UPDATE statements SET report = %(report)s, completed_at = now() WHERE id = %(id)s;
+
+-- name: statement_import_lock
+-- One --apply per rail at a time (a session lock, released with the
+-- connection): two imports settling the same charges in different orders
+-- could deadlock. Answers false when another import holds it.
+SELECT pg_try_advisory_lock(hashtext('vpay.statements.apply'), hashtext(%(rail)s));
+
+-- name: statement_import_unlock
+SELECT pg_advisory_unlock(hashtext('vpay.statements.apply'), hashtext(%(rail)s));
+
+-- name: statement_lines_to_settle
+-- The next batch of a statement's lines still to settle, in the order their
+-- charges (refunds) are locked: by id, so two writers never wait on each
+-- other in a cycle. Lines skipped this round (a poll held their row) are
+-- passed back in %(skip)s.
+SELECT line_no, charge_id, refund_id, settle_to, status_text, amount_text, currency, reference,
+       rail_transaction_id, line_time, reason
+  FROM statement_lines
+ WHERE statement_id = %(id)s AND outcome = 'would_settle'
+   AND NOT (line_no = ANY(%(skip)s))
+ ORDER BY coalesce(charge_id, refund_id), line_no
+ LIMIT %(limit)s;
+
+-- name: lock_charges_for_batch
+-- SKIP LOCKED: a charge a poll is settling right now is left to a later
+-- batch; the import never waits on a poll, and a poll waits at most one batch.
+SELECT id FROM charges WHERE id = ANY(%(ids)s) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: lock_refunds_for_batch
+SELECT id FROM refunds WHERE id = ANY(%(ids)s) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: set_line_outcome
+UPDATE statement_lines SET outcome = %(outcome)s, detail = %(detail)s
+ WHERE statement_id = %(id)s AND line_no = %(line_no)s;
+
+-- name: statement_summary
+-- Counts and amounts (minor units) per outcome and currency, from the lines.
+SELECT outcome, currency, count(*) AS n, sum(amount) AS amount
+  FROM statement_lines WHERE statement_id = %(id)s
+ GROUP BY outcome, currency;

@@ -377,7 +377,6 @@ def _spoil(kind: str, good: bytes) -> bytes:
     ("wrong_columns", "missing column(s) 'Reference ID'"),
     ("latin1", "line 3 is not UTF-8"),
     ("utf16", "UTF-16"),
-    ("duplicate_line", "lines 2 and 4 name the same transaction"),
     ("truncated_last_line", "no line ending"),
     ("unterminated_quote", "unexpected end of data"),
     ("field_count", "line 3 has 11 fields, the header has 10"),

@@ -32,7 +32,7 @@ def test_an_unreadable_field_is_an_error_for_that_line_only():
                          "d,10.00,EUR,FAILED,yesterday\r\n"
                          "e,,EUR,FAILED,2026-11-30 10:00:00\r\n")
     prof = profiles.PROFILES["default"]
-    got = lines.typed(raw, prof, profiles.resolve(prof, raw.header))
+    got = list(lines.typed(raw, prof, profiles.resolve(prof, raw.header)))
     assert [(l.reference, l.error) for l in got] == [
         ("a", None), ("b", "unknown status 'MAYBE'"), ("c", "unreadable amount 'ten' for EUR"),
         ("d", "unreadable time 'yesterday'"), ("e", None)]
@@ -80,11 +80,49 @@ def test_column_maps():
     assert (line.kind, line.status, line.amount, line.error) == ("charge", "succeeded", 1500, None)
 
 
-def test_two_lines_for_one_transaction_refuse_the_file():
-    raw = _read(HEADER + "a,1.00,EUR,SUCCESSFUL,2026-11-30\r\nA,1.00,EUR,FAILED,2026-11-30\r\n")
+def test_identifiers_are_compared_case_insensitively_only_where_their_spec_says_so():
+    # RFC 4122 §3: a UUID is case-insensitive on input; hex order ids likewise; our base62 ids are not
+    ref = "3F2504E0-4F89-41D3-9A0C-0305E82C3301"
+    assert lines.canonical(ref) == lines.canonical(ref.lower()) == ref.lower()
+    assert lines.canonical("3F2504E04F8941D39A0C0305E82C33") == "3f2504e04f8941d39a0c0305e82c33"
+    assert lines.canonical("ch_AbC") != lines.canonical("ch_abc")
+    assert lines.canonical("8712345") == "8712345" and lines.canonical(None) is None
+
+
+def test_two_lines_for_one_transaction_are_both_read_for_the_matcher_to_group():
+    raw = _read(HEADER + "a,1.00,EUR,SUCCESSFUL,2026-11-30\r\na,1.00,EUR,FAILED,2026-11-30\r\n")
     prof = profiles.PROFILES["default"]
-    with pytest.raises(BadFile, match="lines 2 and 3 name the same transaction"):
-        lines.typed(raw, prof, profiles.resolve(prof, raw.header))
+    got = list(lines.typed(raw, prof, profiles.resolve(prof, raw.header)))
+    assert [(l.line_no, l.status, l.error) for l in got] == [(2, "succeeded", None), (3, "failed", None)]
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("amount", "12345678901234567890", "unreadable amount '12345678901234567890' for EUR"),
+    ("amount", "1" * 5000, "amount is longer than 1000 characters"),
+    ("reference", "a\x00b", "reference holds a NUL byte"),
+    ("time", "9999-12-31T23:59:59", "time '9999-12-31T23:59:59' is outside"),
+    ("time", "2026-11-30T10:00:00-23:59", "has an offset beyond"),
+    ("time", "2099-01-01T00:00:00Z", "is outside 2000-01-01"),
+    ("currency", "EURO", "unreadable currency 'EURO'"),
+    ("currency", "€", "unreadable currency '€'"),
+])
+def test_one_unreadable_field_is_that_lines_error_and_never_an_exception(field, value, says):
+    good = {"reference": "a", "amount": "10.00", "currency": "EUR", "status": "SUCCESSFUL",
+            "time": "2026-11-30T10:00:00Z"}
+    bad = {**good, "reference": "b", field: value}
+    import csv
+    import io
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf, lineterminator="\r\n")
+    writer.writerow(list(good))
+    writer.writerow(list(good.values()))
+    writer.writerow(list(bad.values()))
+    raw = _read(buf.getvalue())
+    prof = profiles.PROFILES["default"]
+    got = list(lines.typed(raw, prof, profiles.resolve(prof, raw.header)))
+    assert got[0].error is None and got[0].amount == 1000
+    assert says in got[1].error and "\n" not in got[1].error
+    assert "\x00" not in (got[1].reference or "")  # storable: written as \\x00
 
 
 def test_a_period_runs_to_the_end_of_its_last_lines_unit():
@@ -119,7 +157,7 @@ def test_an_excel_workbook_is_read_like_its_csv(tmp_path):
                         (4, ["b", "1500", "XAF", "FAILED", "2026-11-30T10:06:00Z"]),
                         (5, ["c", "10.499999999", "EUR", "SUCCESSFUL", "2026-11-30T10:07:00Z"])]
     prof = profiles.PROFILES["default"]
-    got = lines.typed(raw, prof, profiles.resolve(prof, raw.header))
+    got = list(lines.typed(raw, prof, profiles.resolve(prof, raw.header)))
     assert [(l.amount, l.error) for l in got] == [
         (1050, None), (1500, None), (None, "unreadable amount '10.499999999' for EUR")]
     with pytest.raises(BadFile, match="not a readable .xlsx"):

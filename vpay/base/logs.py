@@ -114,3 +114,55 @@ def setup(level: str | None = None, stream=None) -> None:
     root.setLevel(level)
     for noisy in ("pgserver", "urllib3", "psycopg.pool"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# ---- no log line before its commit --------------------------------------------
+#
+# A line saying "charge settled" must never be written for a change that was
+# rolled back (issue 26): a function that writes inside a transaction it may
+# not own (pollable.settle inside a statement import, an operator's resolve)
+# logs through ``after_commit``, and the outermost block is ``committed``.
+
+import weakref  # noqa: E402  (kept with the code that needs it)
+
+_after_commit: "weakref.WeakKeyDictionary[Any, list[Any]]" = weakref.WeakKeyDictionary()
+
+
+def _idle(conn: Any) -> bool:
+    from psycopg.pq import TransactionStatus
+    return conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def after_commit(conn: Any, fn: Any) -> None:
+    """Call ``fn()`` (a log line) once ``conn``'s open transaction has
+    committed: now when none is open (an autocommit connection after its
+    block), else when the outermost ``committed`` block around it commits;
+    never if it rolls back (or if that block is a bare ``conn.transaction()``:
+    lost, never early)."""
+    if _idle(conn):
+        fn()
+    else:
+        _after_commit.setdefault(conn, []).append(fn)
+
+
+@contextmanager
+def committed(conn: Any) -> Iterator[Any]:
+    """``conn.transaction()`` that runs the ``after_commit`` calls made
+    inside it once the outermost such block committed; a nested block that
+    rolls back (a savepoint) drops the calls made inside it."""
+    outer = _idle(conn)
+    if outer:
+        _after_commit.pop(conn, None)  # left by a bare block: never known to have committed
+    mark = len(_after_commit.get(conn, ()))
+    try:
+        with conn.transaction() as tx:
+            yield tx
+    except BaseException:
+        if outer:
+            _after_commit.pop(conn, None)
+        else:
+            del _after_commit.get(conn, [])[mark:]
+        raise
+    if outer:
+        for fn in _after_commit.pop(conn, ()):
+            fn()

@@ -34,8 +34,10 @@ log = logging.getLogger("vpay.cli")
 
 
 def fail(message: str, code: int = 1) -> None:
-    """One line on stderr, then exit ``code`` (1: not found / refused by the data)."""
-    click.echo(f"vpay: {message}", err=True)
+    """One line on stderr, then exit ``code`` (1: not found / refused by the data);
+    control characters in ``message`` are escaped (``output.safe_text``)."""
+    from vpay.cli.output import safe_text
+    click.echo(f"vpay: {safe_text(message)}", err=True)
     sys.exit(code)
 
 
@@ -92,24 +94,49 @@ def log_level_option(fn):
 
 
 def _unavailable_line(exc: BaseException) -> str:
+    import psycopg
     text = " ".join(str(exc).split())[:400] or type(exc).__name__
     hint = ""
     if "does not exist" in text and "database" in text:
         hint = " (create it first, e.g. createdb, then run vpay-server migrate)"
-    elif "relation" in text:
+    elif isinstance(exc, psycopg.errors.UndefinedTable):  # not any text naming a relation (a deadlock's does)
         hint = " (run vpay-server migrate)"
     return f"database unavailable: {text}{hint}"
 
 
+_CONNECTION_STATES = ("08", "53", "57P")
+"""SQLSTATE classes that mean the database is unreachable or going away:
+connection exceptions, insufficient resources, operator intervention
+(shutdown, cannot connect now)."""
+
+
+def _refused_line(exc: BaseException) -> str:
+    """A database that answered and refused one statement (a deadlock, a
+    lock or statement timeout, a serialization failure): what it said,
+    under its own name; nothing was committed by the failed transaction."""
+    text = " ".join(str(exc).split())[:300] or type(exc).__name__
+    state = getattr(exc, "sqlstate", None) or "?"
+    return (f"database refused the transaction ({type(exc).__name__}, SQLSTATE {state}): {text}; "
+            "its changes were rolled back: run the command again")
+
+
 def translate(exc: BaseException) -> tuple[str, int]:
-    """``(line, exit code)`` for an exception a command let out. Database
-    trouble is 69, a refused setting 78, anything else is a bug (70)."""
+    """``(line, exit code)`` for an exception a command let out. A database
+    that cannot be reached is 69 ("database unavailable"), one that answered
+    and refused a transaction (deadlock, timeout) 69 too, said as what it is
+    ("database refused the transaction", no migrate hint); a refused setting
+    78, anything else is a bug (70)."""
     import psycopg
     from psycopg_pool import PoolTimeout
 
     from vpay.base.db import ConfigError
     if isinstance(exc, ConfigError):
         return f"configuration refused: {exc}", EX_CONFIG
+    state = getattr(exc, "sqlstate", None)
+    if isinstance(exc, psycopg.OperationalError) and state and not state.startswith(_CONNECTION_STATES):
+        # a deadlock (40P01), a lock or statement timeout (55P03, 57014), a
+        # serialization failure: the database is there and said no
+        return _refused_line(exc), EX_UNAVAILABLE
     if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)):
         return _unavailable_line(exc), EX_UNAVAILABLE
     if isinstance(exc, psycopg.errors.UndefinedTable):
@@ -202,6 +229,7 @@ def echo_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
     if not rows:
         click.echo("(none)")
         return
+    from vpay.cli.output import safe_text
 
     def cell(value: Any, column: str) -> str:
         if value is None:
@@ -211,7 +239,7 @@ def echo_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
         elif isinstance(value, (dict, list)):
             import json
             value = json.dumps(value, default=str)
-        text = " ".join(str(value).split())
+        text = safe_text(" ".join(str(value).split()))
         return text if len(text) <= 60 or column not in TEXT_COLUMNS else text[:59] + "…"
     cells = [[cell(r.get(c), c) for c in columns] for r in rows]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]

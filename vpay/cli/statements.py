@@ -1,7 +1,7 @@
 """``vpay-server statements import|list|show``: reconcile against a rail's
 statement (docs/flows/statements.md).
 
-``import FILE --rail mtn|orange [--profile NAME | --map KEY=COLUMN,…]
+``import FILE --rail mtn|orange [--profile NAME | --map KEY=COLUMN,…] [--period-start T --period-end T]
 [--apply] [--lag-minutes N] [--json] [--exceptions-csv PATH]``: a dry run unless ``--apply``.
 Prints the summary table (counts and amounts per outcome) and the exceptions,
 or the report as JSON; ``--exceptions-csv`` writes the exceptions for an
@@ -40,11 +40,17 @@ def statements() -> None:
 @click.option("--lag-minutes", type=click.FloatRange(0, 24 * 60), default=60, show_default=True,
               help="How far the statement may lag the rail: our successes this close to its last line "
                    "are not yet expected in it.")
+@click.option("--period-start", default=None, metavar="TIME",
+              help="The period the statement covers, from (ISO 8601; a date alone is its midnight UTC) "
+                   "[default: the file's period columns, else its lines' times].")
+@click.option("--period-end", default=None, metavar="TIME",
+              help="... to (inclusive; a date alone covers that whole day).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--exceptions-csv", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the exceptions to this CSV file.")
 def import_(file: Path, rail: str, profile: str | None, mapping: str | None, apply: bool, lag_minutes: float,
-            as_json: bool, exceptions_csv: Path | None) -> None:
+            period_start: str | None, period_end: str | None, as_json: bool,
+            exceptions_csv: Path | None) -> None:
     """Match a statement's lines against our charges and refunds."""
     from vpay.base.db import connect
     from vpay.statements import importer, report
@@ -54,23 +60,50 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
         chosen = choose(profile, mapping)
     except BadMap as exc:
         raise click.UsageError(str(exc)) from None
+    period = _period(period_start, period_end)
     if exceptions_csv is not None:
         _check_writable(exceptions_csv)
     from vpay.statements.reader import read_path
     try:
-        data = read_path(file)
+        raw = read_path(file)  # the header is read; the lines are read while judging
     except BadFile as exc:
         fail(f"{file.name}: {exc}")
     url, _ = open_db()
     with connect(url) as conn:
         try:
-            result = importer.run(conn, data, rail=rail, profile=chosen, file_name=file.name, apply=apply,
-                                  lag_seconds=lag_minutes * 60)
+            result = importer.run(conn, raw, rail=rail, profile=chosen, file_name=file.name, apply=apply,
+                                  lag_seconds=lag_minutes * 60, period=period)
         except BadFile as exc:
             fail(f"{file.name}: {exc}")
+        except importer.Busy as exc:
+            fail(str(exc))
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(result))
     click.echo(json.dumps(result, indent=2) if as_json else report.render(result))
+
+
+def _period(start: str | None, end: str | None):
+    """``(start, end)`` from ``--period-start/--period-end`` (both or
+    neither), inclusive: a date alone ends at the end of that day."""
+    from datetime import timedelta
+
+    from vpay.statements.lines import parse_time
+    if start is None and end is None:
+        return None
+    if start is None or end is None:
+        raise click.UsageError("give --period-start and --period-end together")
+    values = []
+    for name, text in (("--period-start", start), ("--period-end", end)):
+        value = parse_time(text)
+        if value is None:
+            raise click.BadParameter(f"{text!r} is not an ISO 8601 time between 2000 and tomorrow",
+                                     param_hint=f"'{name}'")
+        values.append(value)
+    if len(end.strip()) == 10:  # 2026-11-30: the whole day
+        values[1] += timedelta(days=1, microseconds=-1)
+    if values[1] < values[0]:
+        raise click.UsageError("--period-end is before --period-start")
+    return values[0], values[1]
 
 
 def _check_writable(path: Path) -> None:

@@ -41,6 +41,7 @@ import logging
 
 from vpay.money import misconfiguration
 from vpay.base import testhooks
+from vpay.base.logs import committed
 from vpay.engine.outcome import DeadLetter, Done, Outcome, RetryAfter
 from vpay.money.pollable import RAIL_KNOWS, SETTLED, UNRESOLVED_EVERY, Pollable, escalate, final_status, note_contradiction, poll_delay, record_poll, settle
 from vpay.engine.queue import Job
@@ -82,7 +83,7 @@ def poll_once(p: Pollable, job: Job, ctx: Context) -> Outcome:
             before, after = p.kill_points
             testhooks.pause(before)
             if answer.configuration:
-                with conn.transaction():  # the alert and the failure together, or neither
+                with committed(conn):  # the alert and the failure together, or neither
                     _misconfigured(conn, p, row, answer, "failed")
                     settle(conn, p, row["id"], answer.kind, failure_code=misconfiguration.FAILURE_CODE)
             else:

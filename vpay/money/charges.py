@@ -34,9 +34,9 @@ from vpay.engine import queue
 from vpay.money.currency import CURRENCIES
 from vpay.money.ids import new_id, new_rail_reference
 from vpay.money.pollable import FIRST_POLL_SECONDS, Pollable, Settled
+from vpay.base.logs import committed
 from vpay.base.queries import Q
-from vpay.rails.port import KNOWN_RAILS
-from vpay.rails.port import ChargeRequest, Rail, RailStatus, StatusKind
+from vpay.rails.port import KNOWN_RAILS, ChargeRequest, Rail, RailStatus, StatusKind
 
 log = logging.getLogger("vpay.money")
 
@@ -390,7 +390,7 @@ def settle_proven(conn: psycopg.Connection, p: Pollable, item_id: str, outcome: 
     if not isinstance(evidence.text, str) or not evidence.text.strip():
         raise ValueError("evidence is required")
     kind = StatusKind.SUCCEEDED if outcome == "succeeded" else StatusKind.FAILED
-    with conn.transaction():
+    with committed(conn):
         result = pollable.settle(conn, p, item_id, kind, failure_code=failure_code,
                                  rail_transaction_id=rail_transaction_id)
         if result.transitioned:

@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from vpay.base.logs import after_commit
 from vpay.base.queries import Q
 
 log = logging.getLogger("vpay.misconfiguration")
@@ -70,10 +71,10 @@ def alert(conn: psycopg.Connection, rail: str, code: str | None, *, operation: s
     written = conn.execute(Q["insert_misconfiguration_alert"], {
         "charge_id": charge_id, "refund_id": refund_id, "details": Jsonb(details)}).fetchone() is not None
     # Logged every time (not only when written): each payment it touches is news to an operator.
-    log.error("rail refused our configuration: fix the rail settings, this is not a payer decline",
-              extra={"rail": rail, "code": code, "operation": operation, "http_status": http_status,
-                     "charge_id": charge_id, "refund_id": refund_id, "effect": effect,
-                     "alert_written": written})
+    extra = {"rail": rail, "code": code, "operation": operation, "http_status": http_status,
+             "charge_id": charge_id, "refund_id": refund_id, "effect": effect, "alert_written": written}
+    after_commit(conn, lambda: log.error(
+        "rail refused our configuration: fix the rail settings, this is not a payer decline", extra=extra))
     return written
 
 

@@ -25,6 +25,7 @@ from psycopg_pool import ConnectionPool
 from vpay.money import misconfiguration, charges
 from vpay.engine import queue
 from vpay.base import testhooks
+from vpay.base.logs import committed
 from vpay.rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.payments")
@@ -79,7 +80,7 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
     elif answer.kind is SubmitKind.REJECTED:
         charges.settle(conn, charge["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
     elif answer.kind is SubmitKind.MISCONFIGURED:
-        with conn.transaction():  # the alert and the failure together, or neither
+        with committed(conn):  # the alert and the failure together, or neither
             misconfiguration.alert(conn, charge["rail"], answer.reason, operation="request_to_pay",
                                    http_status=answer.http_status, charge_id=charge["id"],
                                    effect="kept_pending" if resend else "failed")

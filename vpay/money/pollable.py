@@ -44,6 +44,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from vpay.base.logs import after_commit, committed
 from vpay.engine.outcome import Outcome
 from vpay.base.queries import Q
 from vpay.rails.port import Rail, RailStatus, StatusKind
@@ -195,7 +196,7 @@ def settle(conn: psycopg.Connection, p: Pollable, item_id: str, kind: StatusKind
     """
     status = final_status(kind)
     code = (failure_code or "unknown") if status == "failed" else None
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    with committed(conn), conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(_query("pollable_settle", p.table), {
             "id": item_id, "status": status, "failure_code": code,
             "rail_transaction_id": rail_transaction_id}).fetchone()
@@ -208,7 +209,8 @@ def settle(conn: psycopg.Connection, p: Pollable, item_id: str, kind: StatusKind
                 return Settled(False, current["status"], contradiction=True)
             return Settled(False, current["status"])
         p.apply(conn, row, p.events[status])
-    log.info(f"{p.noun} settled", extra=p.ids(row) | {"status": status, "failure_code": code})
+    extra = p.ids(row) | {"status": status, "failure_code": code}
+    after_commit(conn, lambda: log.info(f"{p.noun} settled", extra=extra))
     return Settled(True, status)
 
 
@@ -223,7 +225,8 @@ def note_contradiction(conn: psycopg.Connection, p: Pollable, row: Row, rail_say
                "rail_says": rail_says, "rail_reason": rail_reason, "where": where}
     written = _alert(conn, "rail_contradiction", p.alert_refs(row), details)
     if written:
-        log.error(f"rail contradicts a settled {p.noun}", extra=p.ids(row) | details)
+        extra = p.ids(row) | details
+        after_commit(conn, lambda: log.error(f"rail contradicts a settled {p.noun}", extra=extra))
     return written
 
 
@@ -244,9 +247,10 @@ def escalate(conn: psycopg.Connection, p: Pollable, item_id: str | None,
                 "amount": row["amount"], "currency": row["currency"],
                 "created_at": row["created_at"].isoformat()})
     for row in rows:
-        log.error(f"{p.noun} unresolved at the horizon: reconcile against the rail's statement",
-                  extra=p.ids(row) | {"rail": row["rail"], "rail_reference": row["rail_reference"],
-                                      "horizon_seconds": horizon_seconds})
+        extra = p.ids(row) | {"rail": row["rail"], "rail_reference": row["rail_reference"],
+                              "horizon_seconds": horizon_seconds}
+        after_commit(conn, lambda extra=extra: log.error(
+            f"{p.noun} unresolved at the horizon: reconcile against the rail's statement", extra=extra))
     return [row["id"] for row in rows]
 
 

@@ -43,6 +43,7 @@ from vpay.money import misconfiguration, charges, pollable
 from vpay.engine import queue
 from vpay.base import testhooks
 from vpay.money.ids import new_id, new_rail_reference
+from vpay.base.logs import committed
 from vpay.engine.outcome import Done, Outcome
 from vpay.money.pollable import FIRST_POLL_SECONDS, Pollable, Settled
 from vpay.base.queries import Q
@@ -169,7 +170,7 @@ def submit(conn: psycopg.Connection, rail: Rail, refund: dict[str, Any], *,
     elif answer.kind is SubmitKind.REJECTED:
         settle_refund(conn, refund["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
     elif answer.kind is SubmitKind.MISCONFIGURED:
-        with conn.transaction():  # the alert and the failure together, or neither
+        with committed(conn):  # the alert and the failure together, or neither
             misconfiguration.alert(conn, refund["rail"], answer.reason, operation="refund",
                                    http_status=answer.http_status, charge_id=refund["charge_id"],
                                    refund_id=refund["id"], effect="kept_pending" if resend else "failed")

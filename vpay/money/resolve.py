@@ -20,6 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from vpay.money import charges
+from vpay.base.logs import committed
 from vpay.base.queries import Q
 
 EVIDENCE_MAX_CHARS = 2000
@@ -47,7 +48,7 @@ def resolve_charge(conn: psycopg.Connection, charge_id: str, outcome: str, evide
                                       "(what proves the outcome: a statement line, a rail ticket, a receipt)")
     if outcome not in ("succeeded", "failed"):
         raise ValueError(f"outcome must be succeeded or failed, got {outcome!r}")
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    with committed(conn), conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q["lock_charge_for_resolve"], {"id": charge_id}).fetchone()
         if row is None:
             raise Refused("not_found", f"no charge {charge_id!r}")

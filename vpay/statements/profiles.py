@@ -5,7 +5,8 @@ Map keys (docs/design/contract.md): ``reference`` (the id we sent the rail:
 ``re_…`` ids are recognised too), ``rail_transaction_id`` (the operator's own
 id), ``msisdn``, ``amount`` (decimal, major units), ``currency``, ``status``
 (the rail's word), ``time`` (ISO 8601; no offset = UTC), ``type`` (collection
-or refund, when the format has it), ``reason`` (why a line failed).
+or refund, when the format has it), ``reason`` (why a line failed), ``period_start`` / ``period_end`` (the
+period the statement covers, when the export repeats it on every line).
 
 A statement needs ``amount``, ``currency``, ``time``, ``reference`` or
 ``rail_transaction_id``, and ``status`` unless its profile says what a line
@@ -19,7 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 KEYS = ("reference", "rail_transaction_id", "msisdn", "amount", "currency", "status", "time", "type",
-        "reason")
+        "reason", "period_start", "period_end")
+PERIOD_KEYS = frozenset({"period_start", "period_end"})
+"""Optional in every profile: columns giving the period the statement
+covers (the same on every line; docs/flows/statements.md, "The period")."""
 REQUIRED = ("amount", "currency", "time")
 
 
@@ -117,7 +121,8 @@ def resolve(profile: Profile, header: list[str]) -> dict[str, str]:
     not fit the format) when a needed column is absent."""
     from vpay.statements.reader import BadFile
     present = {k: c for k, c in profile.columns.items() if c in header}
-    absent = [c for k, c in profile.columns.items() if k not in present and k not in profile.optional]
+    absent = [c for k, c in profile.columns.items()
+              if k not in present and k not in profile.optional and k not in PERIOD_KEYS]
     if "reference" not in present and "rail_transaction_id" not in present:
         absent += [profile.columns[k] for k in ("reference", "rail_transaction_id")
                    if k in profile.columns and profile.columns[k] not in absent]

@@ -55,13 +55,21 @@ def _money(amount: int | None, currency: str | None) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    """The summary table and the exceptions, for a terminal."""
+    """The summary table and the exceptions, for a terminal: every text the
+    statement (or the rail, or a merchant) wrote is escaped
+    (``cli.output.safe_text``), so no field can drive the terminal."""
+    from vpay.cli.output import safe_text
     period = report.get("period") or {}
     head = report.get("statement") or "(not recorded)"
     mode = ("already imported: nothing done" if report.get("already_imported")
+            else f"interrupted: {report['unfinished']} lines still to settle (a poll held them); "
+                 "run the same import again to finish" if report.get("unfinished")
             else "applied" if report.get("applied") else "dry run: nothing written; --apply to settle")
+    if report.get("interrupted"):
+        mode += f"; {report['interrupted']} was interrupted: --apply finishes it"
     out = [f"statement {head}  rail {report['rail']}  lines {report['lines']}  "
-           f"period {period.get('start') or '-'} .. {period.get('end') or '-'}  [{mode}]", ""]
+           f"period {period.get('start') or '-'} .. {period.get('end') or '-'}"
+           f"{' (' + period['source'] + ')' if period.get('source') else ''}  [{mode}]", ""]
     out.append(f"{'outcome':<26} {'count':>7}  amounts")
     for outcome, entry in report["summary"].items():
         amounts = ", ".join(f"{c} {_money(a, c)}" for c, a in entry["amounts"].items())
@@ -73,7 +81,8 @@ def render(report: dict[str, Any]) -> str:
         amount = f"{_money(r.get('amount'), r.get('currency')) or r.get('amount_text') or ''} " \
                  f"{r.get('currency') or ''}".strip()
         subject = r.get("refund_id") or r.get("charge_id") or r.get("reference") or r.get("rail_transaction_id")
-        out.append(f"  {where:<10} {r['outcome']:<25} {subject or '':<40} {amount:<16} {r.get('detail') or ''}")
+        out.append(f"  {where:<10} {r['outcome']:<25} {safe_text(subject):<40} {safe_text(amount):<16} "
+                   f"{safe_text(r.get('detail'))}".rstrip())
     if len(rows) > 200:
         out.append(f"  … {len(rows) - 200} more (--json or --exceptions-csv)")
     return "\n".join(out)
