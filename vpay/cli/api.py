@@ -9,7 +9,8 @@ import sys
 
 import click
 
-from .common import EX_UNAVAILABLE, fail, open_db, refuse
+from .common import Duration, open_db, refuse
+from .errors import Unavailable
 
 log = logging.getLogger("vpay.cli")
 
@@ -43,7 +44,7 @@ def _check_listen(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)
     except OSError as exc:
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EX_UNAVAILABLE)
+        raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 @click.command()
@@ -52,9 +53,9 @@ def _check_listen(host: str, port: int) -> None:
 @click.option("--workers", type=int, default=2, show_default=True, help="gunicorn worker processes.")
 @click.option("--threads", type=int, default=4, show_default=True,
               help="Threads per worker (at most the per-worker pool size, 4).")
-@click.option("--timeout", type=int, default=60, show_default=True,
-              help="gunicorn worker timeout, seconds.")
-def api(bind: str, workers: int, threads: int, timeout: int) -> None:
+@click.option("--timeout", type=Duration(minimum=1, bare="s"), default="60s", show_default=True,
+              help="gunicorn worker timeout (seconds, or 60s, 2m).")
+def api(bind: str, workers: int, threads: int, timeout: float) -> None:
     """The HTTP API: rail callbacks and the merchant's payment intents (gunicorn, in process).
 
     Refuses to start (exit 78) on a configuration that cannot work: no rail of
@@ -109,6 +110,6 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     if listen is not None:
         _check_listen(*listen)
     ApiServer(app_factory, {"bind": [bind], "workers": workers, "threads": threads,
-                            "timeout": timeout,
+                            "timeout": max(1, round(timeout)),
                             "loglevel": logging.getLevelName(logging.getLogger().level).lower()},
               metrics=True).run()

@@ -14,12 +14,13 @@ unreachable, 78 configuration refused.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from .common import fail, open_db
+from .common import Duration, connect_db
+from .errors import NotFound, Refused
+from .output import echo_text, emit, json_option
 
 
 @click.group()
@@ -37,16 +38,15 @@ def statements() -> None:
                    "currency, status, time, type, reason).")
 @click.option("--apply", is_flag=True, help="Settle what the statement proves and record it "
                                             "[default: dry run, nothing written].")
-@click.option("--lag-minutes", type=click.FloatRange(0, 24 * 60), default=60, show_default=True,
+@click.option("--lag-minutes", "lag", type=Duration(maximum=86400, bare="m"), default="60m", show_default=True,
               help="How far the statement may lag the rail: our successes this close to its last line "
-                   "are not yet expected in it.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+                   "are not yet expected in it (minutes, or 2h; at most 24h).")
+@json_option
 @click.option("--exceptions-csv", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the exceptions to this CSV file.")
-def import_(file: Path, rail: str, profile: str | None, mapping: str | None, apply: bool, lag_minutes: float,
+def import_(file: Path, rail: str, profile: str | None, mapping: str | None, apply: bool, lag: float,
             as_json: bool, exceptions_csv: Path | None) -> None:
     """Match a statement's lines against our charges and refunds."""
-    from ..db import connect
     from ..statements import importer, report
     from ..statements.profiles import BadMap, choose
     from ..statements.reader import BadFile
@@ -60,17 +60,16 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
     try:
         data = read_path(file)
     except BadFile as exc:
-        fail(f"{file.name}: {exc}")
-    url, _ = open_db()
-    with connect(url) as conn:
+        raise Refused(f"{file.name}: {exc}") from None
+    with connect_db() as conn:
         try:
             result = importer.run(conn, data, rail=rail, profile=chosen, file_name=file.name, apply=apply,
-                                  lag_seconds=lag_minutes * 60)
+                                  lag_seconds=lag)
         except BadFile as exc:
-            fail(f"{file.name}: {exc}")
+            raise Refused(f"{file.name}: {exc}") from None
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(result))
-    click.echo(json.dumps(result, indent=2) if as_json else report.render(result))
+    emit(result, True) if as_json else echo_text(report.render(result))
 
 
 def _check_writable(path: Path) -> None:
@@ -90,44 +89,36 @@ def _check_writable(path: Path) -> None:
 
 
 @statements.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
 def list_(as_json: bool, limit: int) -> None:
     """Recorded statements, newest first."""
-    from ..db import connect
     from ..statements.importer import list_statements
-    url, _ = open_db()
-    with connect(url) as conn:
+    with connect_db() as conn:
         rows = list_statements(conn, limit)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        emit(rows, True)
         return
-    if not rows:
-        click.echo("(none)")  # as every other list command
-        return
-    click.echo(f"{'statement':<28} {'rail':<6} {'lines':>7}  {'period':<53} outcomes")
-    for r in rows:
-        period = f"{r['period']['start'] or '-'} .. {r['period']['end'] or '-'}"
-        outcomes = ", ".join(f"{k} {v}" for k, v in r["outcomes"].items())
-        click.echo(f"{r['statement']:<28} {r['rail']:<6} {r['lines']:>7}  {period:<53} {outcomes}")
+    emit([{"statement": r["statement"], "rail": r["rail"], "lines": r["lines"],
+           "period_start": r["period"]["start"], "period_end": r["period"]["end"],
+           "outcomes": ", ".join(f"{k} {v}" for k, v in r["outcomes"].items())} for r in rows], False,
+         ("statement", "rail", "lines", "period_start", "period_end", "outcomes"))
 
 
 @statements.command("show")
 @click.argument("statement_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.option("--exceptions-csv", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the exceptions to this CSV file.")
 def show(statement_id: str, as_json: bool, exceptions_csv: Path | None) -> None:
     """One recorded statement: its summary and its exceptions."""
-    from ..db import connect
     from ..statements import importer, report
     if exceptions_csv is not None:
         _check_writable(exceptions_csv)
-    url, _ = open_db()
-    with connect(url) as conn:
+    with connect_db() as conn:
         found = importer.show(conn, statement_id)
     if found is None:
-        fail(f"no statement {statement_id!r}")
+        raise NotFound(f"no statement {statement_id!r}")
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(found))
-    click.echo(json.dumps(found, indent=2) if as_json else report.render(found))
+    emit(found, True) if as_json else echo_text(report.render(found))
