@@ -70,6 +70,9 @@ def merchants_create(merchant_id: str, name: str, as_json: bool) -> None:
 def merchants_create_key(merchant_id: str, as_json: bool) -> None:
     """Issue another secret key for an existing merchant, printed once (a
     rotation: revoke the old one with revoke-key when clients have moved)."""
+    from ..money import MERCHANT
+    if not MERCHANT.fullmatch(merchant_id):
+        raise click.BadParameter("merchant id must be 1-64 letters, digits, '_', '-' or '.'", param_hint="--id")
     with connect_db() as conn:
         with conn.transaction():
             try:
