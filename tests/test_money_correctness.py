@@ -133,7 +133,7 @@ def test_a_refund_success_with_an_unreadable_or_other_amount_settles_nothing_and
 
 def _payments_create(db_url, env, payer=PAYER):
     return subprocess.run([script("vpay-server"), "payments", "create", "--merchant", "m_test", "--amount",
-                           "1500", "--currency", "EUR", "--rail", "mtn", "--payer", payer],
+                           "1500", "--currency", "EUR", "--rail", "mtn", "--payer", payer, "--json"],
                           env=base_env(db_url, **env), capture_output=True, text=True, timeout=60)
 
 
@@ -260,7 +260,7 @@ def test_refunds_create_refused_for_our_configuration_exits_78_and_fails_as_conf
         db, db_url, pool, sandbox, merchant):
     env = rail_env(sandbox)
     charge = _paid_charge(db, pool, sandbox, merchant, env)
-    out = subprocess.run([script("vpay-server"), "refunds", "create", "--charge", charge["id"]],
+    out = subprocess.run([script("vpay-server"), "refunds", "create", "--charge", charge["id"], "--json"],
                          env=base_env(db_url, **rail_env(sandbox, VPAY_MTN_DISBURSEMENT_API_KEY="wrong")),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 78, out.stderr

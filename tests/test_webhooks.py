@@ -417,7 +417,7 @@ def test_public_https_is_accepted_and_dev_flag_allows_http_loopback_only(db, mon
 
 
 def _cli(db_url, *args, **env):
-    return subprocess.run([script("vpay-server"), "webhooks", *args], env=base_env(db_url, **env),
+    return subprocess.run([script("vpay-server"), "webhooks", *args, "--json"], env=base_env(db_url, **env),
                           capture_output=True, text=True, timeout=60)
 
 

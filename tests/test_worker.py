@@ -200,16 +200,25 @@ def test_a_job_whose_rail_is_not_configured_waits_and_is_never_parked(db, pool, 
     assert db.execute("SELECT count(*) FROM alerts").fetchone()[0] == 0
 
 
+@pytest.mark.parametrize("args", [["--idle-sleep", "nan"], ["--lease-seconds", "inf"], ["--lease-seconds", "nan"],
+                                  ["--shutdown-grace-seconds", "nan"], ["--shutdown-grace-seconds", "-inf"],
+                                  ["--idle-sleep", "0s"], ["--lease-seconds", "5 minutes"]], ids=" ".join)
+def test_a_flag_that_is_not_a_duration_is_a_usage_error_and_boots_nothing(db, db_url, args):
+    res = subprocess.run([script("vpay-worker"), *args], env=base_env(db_url), capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.startswith("vpay: usage: ") and len(res.stderr.splitlines()) == 1
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+
+
 @pytest.mark.parametrize("args,env", [
-    (["--idle-sleep", "nan"], {}), (["--lease-seconds", "inf"], {}), (["--lease-seconds", "nan"], {}),
-    (["--shutdown-grace-seconds", "nan"], {}), (["--shutdown-grace-seconds", "-inf"], {}),
     ([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9"}),  # half a rail: its credentials are missing
     ([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9", "VPAY_MTN_SUBSCRIPTION_KEY": "k", "VPAY_MTN_API_USER": "u",
           "VPAY_MTN_API_KEY": "p", "VPAY_MTN_READ_TIMEOUT_SECONDS": "abc"}),
     *[([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9", "VPAY_MTN_SUBSCRIPTION_KEY": "k", "VPAY_MTN_API_USER": "u",
             "VPAY_MTN_API_KEY": "p", "VPAY_MTN_READ_TIMEOUT_SECONDS": bad}) for bad in ("0", "-1", "inf", "nan")],
     ([], {"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "abc"}),
-], ids=["idle-nan", "lease-inf", "lease-nan", "grace-nan", "grace-minus-inf", "half-a-rail",
+], ids=["half-a-rail",
         "bad-rail-timeout", "rail-timeout-0", "rail-timeout-negative", "rail-timeout-inf", "rail-timeout-nan",
         "bad-webhook-timeout"])
 def test_a_configuration_that_cannot_work_is_refused_at_boot_with_78(db, db_url, args, env):

@@ -64,11 +64,8 @@ def api(bind: str, workers: int, threads: int, timeout: float) -> None:
     configured is logged at warning; its callbacks answer 404 and its payments
     422 payment_method_unavailable. The database is not contacted at start: /healthz answers 503 until it
     is reachable."""
-    # The flags first: a usage error touches nothing (no log, no metrics directory).
-    from ..api.app import POOL_MAX
+    # The address first: a usage error touches nothing (no log, no metrics directory).
     listen = _host_port(bind)
-    if not 1 <= threads <= POOL_MAX or workers < 1:
-        refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers >= 1")
     from .. import logs
     logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
     from ..api.exposition import prepare
@@ -76,7 +73,10 @@ def api(bind: str, workers: int, threads: int, timeout: float) -> None:
     from ..rails import KNOWN_RAILS, build_rail
     from ..rails.port import RailError
     from ..settings import ConfigError, Settings
-    from ..api.app import create_app
+    from ..api.app import POOL_MAX, create_app
+
+    if not 1 <= threads <= POOL_MAX or workers < 1:
+        refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers >= 1")
     from ..api.server import ApiServer
 
     try:
