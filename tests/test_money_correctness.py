@@ -172,6 +172,18 @@ def test_payments_create_refused_for_our_configuration_exits_78_and_fails_as_con
     assert len(_alerts(db)) == 1
 
 
+def test_a_refusal_names_this_payments_cause_not_an_older_open_alert(db, db_url, sandbox, merchant):
+    # Issue 28: with an INVALID_CURRENCY alert still open from an earlier
+    # charge, a payment refused for LOGIN_FAILED named both codes.
+    first = _payments_create(db_url, rail_env(sandbox), payer="46733123460")  # the sandbox's INVALID_CURRENCY payer
+    assert first.returncode == 78 and "(INVALID_CURRENCY)" in first.stderr, first.stderr
+    out = _payments_create(db_url, rail_env(sandbox, VPAY_MTN_API_KEY="not-the-key"))
+    assert out.returncode == 78
+    [line] = out.stderr.splitlines()
+    assert "refused our configuration (LOGIN_FAILED);" in line and "INVALID_CURRENCY" not in line, line
+    assert sorted(d["code"] for _, _, _, d in _alerts(db)) == ["INVALID_CURRENCY", "LOGIN_FAILED"]
+
+
 def test_a_payer_decline_is_not_a_configuration_failure(db, db_url, pool, sandbox, merchant, spawn):
     env = rail_env(sandbox)
     created = _create(pool, env, merchant, payer="46733123451")  # APPROVAL_REJECTED
