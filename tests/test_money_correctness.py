@@ -175,7 +175,9 @@ def test_payments_create_refused_for_our_configuration_exits_78_and_fails_as_con
 def test_a_refusal_names_this_payments_cause_not_an_older_open_alert(db, db_url, sandbox, merchant):
     # Issue 28: with an INVALID_CURRENCY alert still open from an earlier
     # charge, a payment refused for LOGIN_FAILED named both codes.
-    first = _payments_create(db_url, rail_env(sandbox), payer="46733123460")  # the sandbox's INVALID_CURRENCY payer
+    first = subprocess.run([script("vpay-server"), "payments", "create", "--merchant", "m_test", "--amount", "1500",
+                            "--currency", "XAF", "--payer", PAYER], env=base_env(db_url, **rail_env(sandbox)),
+                           capture_output=True, text=True, timeout=60)  # the sandbox environment takes EUR only
     assert first.returncode == 78 and "(INVALID_CURRENCY)" in first.stderr, first.stderr
     out = _payments_create(db_url, rail_env(sandbox, VPAY_MTN_API_KEY="not-the-key"))
     assert out.returncode == 78

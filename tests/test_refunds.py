@@ -231,11 +231,14 @@ def test_over_refund_and_refund_of_a_charge_not_succeeded_are_errors_that_write_
     assert _counts(db) == before
     assert sandbox.count(path_prefix="/disbursement") == 0
 
-    # the operator's command: clear messages, exit codes, nothing written
+    # the operator's command: clear messages, exit codes, nothing written; what
+    # the charge refuses is refused by the data (1), not a usage error
     out = _cli(db_url, sandbox, "create", "--charge", pending["id"])
-    assert out.returncode == 2 and "only a succeeded charge can be refunded" in out.stderr
+    assert out.returncode == 1 and "only a succeeded charge can be refunded" in out.stderr
     out = _cli(db_url, sandbox, "create", "--charge", paid["id"], "--amount", "2501")
-    assert out.returncode == 2 and "exceeds what charge" in out.stderr
+    assert out.returncode == 1 and "exceeds what charge" in out.stderr
+    out = _cli(db_url, sandbox, "create", "--charge", paid["id"], "--amount", "0")
+    assert out.returncode == 2 and "--amount" in out.stderr
     out = _cli(db_url, sandbox, "create", "--charge", "ch_doesnotexist")
     assert out.returncode == 1 and "no charge" in out.stderr
     assert _counts(db) == before

@@ -113,11 +113,11 @@ def _schema(url):
 
 def test_migrate_twice_and_concurrently_leaves_one_schema(fresh_db):
     env = base_env(fresh_db)
-    procs = [subprocess.Popen([script("vpay-server"), "migrate"], env=env, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([script("vpay-server"), "migrate", "--json"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     results = [(p.wait(120), p.stdout.read(), p.stderr.read()) for p in procs]
     assert all(rc == 0 for rc, _, _ in results), results
-    applied_counts = sorted(len(__import__("json").loads(out.strip().splitlines()[-1])["applied"])
+    applied_counts = sorted(len(__import__("json").loads(out)["applied"])
                             for _, out, _ in results)
     from vpay.db import migration_files
     assert applied_counts == [0, 0, len(migration_files())]
@@ -125,7 +125,7 @@ def test_migrate_twice_and_concurrently_leaves_one_schema(fresh_db):
     assert {"jobs", "charges", "payment_intents", "events", "webhook_endpoints", "alerts",
             "schema_migrations"} <= set(tables)
     assert applied == [n for n, _ in migration_files()]
-    again = subprocess.run([script("vpay-server"), "migrate"], env=env, capture_output=True,
+    again = subprocess.run([script("vpay-server"), "migrate", "--json"], env=env, capture_output=True,
                            text=True, timeout=120)
     assert again.returncode == 0 and '"applied": []' in again.stdout
     assert _schema(fresh_db) == (tables, applied)
