@@ -204,12 +204,12 @@ class Chaos:
         for receiver_name in sorted({r for rs in MERCHANTS.values() for r in rs}):
             self.receivers[receiver_name] = Receiver(receiver_name, self.plan.seed, self.plan, self.t0_ref)
         for merchant, receivers in MERCHANTS.items():
-            out = run_cli(env, "merchants", "create", "--id", merchant, "--name", merchant)
+            out = run_cli(env, "merchants", "create", "--id", merchant, "--name", merchant, "--json")
             if out.returncode != 0:
                 raise RuntimeError(f"merchants create failed: {out.stderr[-2000:]}")
             self.keys[merchant] = json.loads(out.stdout)["api_key"]
             for name in receivers:
-                out = run_cli(env, "webhooks", "add", "--merchant", merchant, "--url", self.receivers[name].url)
+                out = run_cli(env, "webhooks", "add", "--merchant", merchant, "--url", self.receivers[name].url, "--json")
                 if out.returncode != 0:
                     raise RuntimeError(f"webhooks add failed: {out.stderr[-2000:]}")
                 endpoint = json.loads(out.stdout)

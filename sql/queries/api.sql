@@ -24,6 +24,11 @@ SELECT m.id, m.name, m.created_at,
  GROUP BY m.id
  ORDER BY m.id;
 
+-- name: merchant_exists
+-- Whether a merchant id names a merchant (a filter by an unknown one is
+-- "not found", not an empty list).
+SELECT EXISTS (SELECT 1 FROM merchants WHERE id = %(id)s);
+
 -- name: callback_find_charge
 -- The callback route (design page, "Callbacks are hints"): the charge a
 -- reference names, and where its poll job stands. Reads only. wait_seconds:

@@ -98,8 +98,12 @@ SELECT c.id, c.payment_intent_id, c.rail, c.rail_reference, c.payer, c.amount, c
        c.created_at, c.unresolved_at, c.last_polled_at,
        EXTRACT(EPOCH FROM now() - c.created_at)::float8 AS age_seconds,
        (SELECT count(*) FROM alerts a WHERE a.charge_id = c.id AND a.acknowledged_at IS NULL) AS open_alerts,
-       -- a dead-lettered poll (run_at infinity) has no next read
-       nullif(j.run_at, 'infinity') AS next_poll, j.run_at = 'infinity' AS poll_dead, j.last_error
+       -- a dead-lettered poll (run_at infinity) has no next read; a settled
+       -- charge has neither a next read nor a rail answer to show (a poll
+       -- row left behind, e.g. settled by a statement, is not its state)
+       CASE WHEN c.status IN ('pending', 'unresolved') THEN nullif(j.run_at, 'infinity') END AS next_poll,
+       coalesce(c.status IN ('pending', 'unresolved') AND j.run_at = 'infinity', false) AS poll_dead,
+       CASE WHEN c.status IN ('pending', 'unresolved') THEN j.last_error END AS last_error
   FROM charges c LEFT JOIN jobs j ON j.dedupe_key = 'poll:' || c.id
  WHERE c.status = %(status)s
    AND c.created_at <= now() - make_interval(secs => %(older_than)s)

@@ -222,18 +222,24 @@ def local(db, db_url):
 def test_merchants_cli_creates_a_key_shown_once_that_the_api_accepts(db, db_url, local):
     client, _ = local
     env = base_env(db_url)
-    out = subprocess.run([script("vpay-server"), "merchants", "create", "--id", "acme", "--name", "Acme"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    def cli(*args):
+        return subprocess.run([script("vpay-server"), "merchants", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+    out = cli("create", "--id", "acme", "--name", "Acme", "--json")
     assert out.returncode == 0, out.stderr
     issued = json.loads(out.stdout)
     assert issued["merchant"] == "acme" and issued["created"] is True
     assert issued["api_key"].startswith("sk_") and "shown once" in out.stderr
-    again = json.loads(subprocess.run([script("vpay-server"), "merchants", "create", "--id", "acme"],
-                                      env=env, capture_output=True, text=True, timeout=60).stdout)
+    # run twice, create issues no second key: it names the command that does
+    twice = cli("create", "--id", "acme", "--json")
+    assert twice.returncode == 1 and twice.stdout == ""
+    assert twice.stderr.splitlines() == ["vpay: merchant 'acme' exists, nothing changed; to issue it another "
+                                         "key run vpay-server merchants create-key --id acme"]
+    again = json.loads(cli("create-key", "--id", "acme", "--json").stdout)
     assert again["created"] is False and again["api_key"] != issued["api_key"]
+    assert cli("create-key", "--id", "nobody").returncode == 1
 
-    listed = subprocess.run([script("vpay-server"), "merchants", "list"], env=env, capture_output=True,
-                            text=True, timeout=60)
+    listed = cli("list", "--json")
     assert listed.returncode == 0
     assert issued["api_key"] not in listed.stdout and again["api_key"] not in listed.stdout
     [acme] = json.loads(listed.stdout)

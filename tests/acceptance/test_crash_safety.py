@@ -117,7 +117,7 @@ def _rescuer(spawn, env):
 def test_kill_in_the_create_path_is_recovered_by_the_poll_job(point, payer, db, db_url, sandbox,
                                                               merchant, spawn):
     env = base_env(db_url, **rail_env(sandbox))
-    create = spawn("vpay-server", "payments", "create", "--merchant", merchant, "--amount", "1500",
+    create = spawn("vpay-server", "--log-level", "INFO", "payments", "create", "--merchant", merchant, "--amount", "1500",
                    "--currency", "EUR", "--rail", "mtn", "--payer", payer,
                    env={**env, "VPAY_TEST_PAUSE_AT": point})
     create.wait_for_log("test pause", point=point)

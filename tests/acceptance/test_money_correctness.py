@@ -133,7 +133,7 @@ def test_a_refund_success_with_an_unreadable_or_other_amount_settles_nothing_and
 
 def _payments_create(db_url, env, payer=PAYER):
     return subprocess.run([script("vpay-server"), "payments", "create", "--merchant", "m_test", "--amount",
-                           "1500", "--currency", "EUR", "--rail", "mtn", "--payer", payer],
+                           "1500", "--currency", "EUR", "--rail", "mtn", "--payer", payer, "--json"],
                           env=base_env(db_url, **env), capture_output=True, text=True, timeout=60)
 
 
@@ -170,6 +170,20 @@ def test_payments_create_refused_for_our_configuration_exits_78_and_fails_as_con
     again = _payments_create(db_url, env)
     assert again.returncode == 78
     assert len(_alerts(db)) == 1
+
+
+def test_a_refusal_names_this_payments_cause_not_an_older_open_alert(db, db_url, sandbox, merchant):
+    # Issue 28: with an INVALID_CURRENCY alert still open from an earlier
+    # charge, a payment refused for LOGIN_FAILED named both codes.
+    first = subprocess.run([script("vpay-server"), "payments", "create", "--merchant", "m_test", "--amount", "1500",
+                            "--currency", "XAF", "--payer", PAYER], env=base_env(db_url, **rail_env(sandbox)),
+                           capture_output=True, text=True, timeout=60)  # the sandbox environment takes EUR only
+    assert first.returncode == 78 and "(INVALID_CURRENCY)" in first.stderr, first.stderr
+    out = _payments_create(db_url, rail_env(sandbox, VPAY_MTN_API_KEY="not-the-key"))
+    assert out.returncode == 78
+    [line] = out.stderr.splitlines()
+    assert "refused our configuration (LOGIN_FAILED);" in line and "INVALID_CURRENCY" not in line, line
+    assert sorted(d["code"] for _, _, _, d in _alerts(db)) == ["INVALID_CURRENCY", "LOGIN_FAILED"]
 
 
 def test_a_payer_decline_is_not_a_configuration_failure(db, db_url, pool, sandbox, merchant, spawn):
@@ -260,7 +274,7 @@ def test_refunds_create_refused_for_our_configuration_exits_78_and_fails_as_conf
         db, db_url, pool, sandbox, merchant):
     env = rail_env(sandbox)
     charge = _paid_charge(db, pool, sandbox, merchant, env)
-    out = subprocess.run([script("vpay-server"), "refunds", "create", "--charge", charge["id"]],
+    out = subprocess.run([script("vpay-server"), "refunds", "create", "--charge", charge["id"], "--json"],
                          env=base_env(db_url, **rail_env(sandbox, VPAY_MTN_DISBURSEMENT_API_KEY="wrong")),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 78, out.stderr

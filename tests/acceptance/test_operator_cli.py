@@ -182,11 +182,11 @@ def test_prune_deletes_only_what_finished_long_ago_and_nothing_a_live_charge_nee
     _age_everything(db, 40)
     fresh = _dead_letter(db, "k:fresh")  # dead-lettered today
 
-    dry = ok_json(db_url, "prune", "--older-than", "30", "--dry-run")
+    dry = ok_json(db_url, "prune", "--older-than", "30d", "--dry-run")
     assert (dry["events"], dry["alerts"], dry["dead_letters"]) == (2, 1, 1)
     assert db.execute("SELECT count(*) FROM events").fetchone() == (3,)  # a dry run deletes nothing
 
-    res = ok_json(db_url, "prune", "--older-than", "30")
+    res = ok_json(db_url, "prune", "--older-than", "30d")
     assert (res["events"], res["alerts"], res["dead_letters"]) == (2, 1, 1)
     kept_events = {r[0] for r in db.execute("SELECT payment_intent_id FROM events")}
     assert kept_events == {live["payment_intent_id"]}  # the live charge keeps its history
@@ -194,8 +194,8 @@ def test_prune_deletes_only_what_finished_long_ago_and_nothing_a_live_charge_nee
         {"k:live", "k:fresh", f"poll:{live['id']}"}
     assert [r[0] for r in db.execute("SELECT details ->> 'dedupe_key' FROM alerts")] == ["k:live", "k:fresh"]
     assert fresh  # dead-lettered today: kept whatever its job's age
-    assert ok_json(db_url, "prune", "--older-than", "30")["events"] == 0
-    assert run(db_url, "prune", "--older-than", "0").returncode == 2
+    assert ok_json(db_url, "prune", "--older-than", "30d")["events"] == 0
+    assert run(db_url, "prune", "--older-than", "0d").returncode == 2
 
 
 def test_prune_keeps_an_event_whose_delivery_is_still_pending(db, db_url, merchant):
@@ -207,7 +207,7 @@ def test_prune_keeps_an_event_whose_delivery_is_still_pending(db, db_url, mercha
     db.execute("INSERT INTO webhook_deliveries (event_id, endpoint_id, status) VALUES "
                "(%s, 'we_t', 'delivered'), (%s, 'we_t', 'pending')", events)
     _age_everything(db, 40)
-    assert ok_json(db_url, "prune", "--older-than", "30")["events"] == 1
+    assert ok_json(db_url, "prune", "--older-than", "30d")["events"] == 1
     assert [r[0] for r in db.execute("SELECT id FROM events")] == [events[1]]
     assert charge
 
@@ -236,7 +236,7 @@ def test_payments_create_takes_an_amount_only_as_ascii_digits(db, db_url, mercha
 def test_payments_create_and_show_agree_on_keys_and_show_the_poll_and_open_alerts(db, db_url, merchant, sandbox):
     from support import rail_env
     created = run(db_url, "payments", "create", "--merchant", merchant, "--amount", "1500",
-                  "--currency", "EUR", "--payer", "256770000001", **rail_env(sandbox))
+                  "--currency", "EUR", "--payer", "256770000001", "--json", **rail_env(sandbox))
     assert created.returncode == 0, created.stderr
     created = json.loads(created.stdout)
     charge_id = created["charge"]["id"]
@@ -247,7 +247,7 @@ def test_payments_create_and_show_agree_on_keys_and_show_the_poll_and_open_alert
     db.execute("UPDATE alerts SET acknowledged_at = now() WHERE kind = 'charge_unresolved'")
 
     for some_id in (created["payment_intent"]["id"], charge_id):
-        res = run(db_url, "payments", "show", some_id)
+        res = run(db_url, "payments", "show", some_id, "--json")
         assert res.returncode == 0, res.stderr
         shown = json.loads(res.stdout)
         assert shown["charge"]["id"] == charge_id and [c["id"] for c in shown["charges"]] == [charge_id]

@@ -56,9 +56,10 @@ def test_the_run_it_for_real_block_can_be_followed_as_written(tmp_path):
         assert proc.wait(120) == 0, (tmp_path / "block.log").read_text()[-4000:]
         log = (tmp_path / "block.log").read_text()
         assert "Traceback" not in log
-        created = (tmp_path / "payment.json").read_text()
-        charge_id = re.search(r'"id": "(ch_[A-Za-z0-9]+)"', created).group(1)
-        assert f'"id": "{charge_id}"' in log and '"poll": {' in log  # what payments show printed
+        # the block writes no file where it runs (the operator's checkout)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["block.log", "pg"]
+        charge_id = re.search(r"^(ch_[A-Za-z0-9]+)\s+pending", log, re.MULTILINE).group(1)  # payments show's table
+        assert "CHARGES:" in log and "EVENTS:" in log
         with psycopg.connect(server.get_uri("vpay"), autocommit=True) as conn:
             # the background worker asks the sandbox rail until the payment ends
             wait_until(lambda: conn.execute("SELECT status FROM charges WHERE id = %s",
@@ -80,3 +81,41 @@ def _session_gone(sid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+UNITS = README.parent / "systemd"
+
+
+def test_the_units_run_what_the_readme_installs_and_systemd_analyze_verifies_them(tmp_path):
+    """Every unit's ExecStart names the README's install path (the venv at
+    /opt/vpay/venv), and ``systemd-analyze verify`` accepts the units with
+    that path laid out under a root of their own."""
+    import shutil
+    block = run_it_for_real()
+    venv = re.match(r"python3 -m venv (\S+)", block).group(1)
+    units = sorted(UNITS.glob("*.service"))
+    for unit in units:
+        for line in unit.read_text().splitlines():
+            if line.startswith("ExecStart="):
+                assert line.split("=", 1)[1].startswith(f"{venv}/bin/vpay-"), (unit.name, line)
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed here")
+    root = tmp_path / "root"
+    (root / "etc/systemd/system").mkdir(parents=True)
+    bin_dir = root / venv.lstrip("/") / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("vpay-server", "vpay-worker"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    for system in ("usr/lib/systemd/system", "lib/systemd/system"):  # sysinit.target and the like
+        if (Path("/") / system).is_dir() and not (root / "usr/lib/systemd/system").exists():
+            shutil.copytree(Path("/") / system, root / "usr/lib/systemd/system", symlinks=True)
+    (root / "etc/vpay").mkdir()
+    (root / "etc/vpay/vpay.env").write_text("")
+    for unit in [*units, UNITS / "vpay.target"]:
+        shutil.copy(unit, root / "etc/systemd/system" / unit.name)
+    names = ["vpay-api.service", "vpay-worker@1.service", "vpay-worker-lanes@mtn.service", "vpay.target"]
+    res = subprocess.run(["systemd-analyze", f"--root={root}", "verify", "--man=no", *names],
+                         capture_output=True, text=True, timeout=120)
+    problems = [l for l in res.stderr.splitlines() if "vpay" in l and "not executable" in l or "/opt/" in l]
+    assert res.returncode == 0 and not problems, res.stderr

@@ -36,7 +36,7 @@ def test_worker_settles_success_decline_and_slow_payer_once_each(db, db_url, poo
     sandbox.script(SLOW, pending_reads=3, outcome="SUCCESSFUL")
     # one payment through the operator's command, as a shell user would
     out = subprocess.run([script("vpay-server"), "payments", "create", "--merchant", merchant,
-                          "--amount", "1500", "--currency", "EUR", "--rail", "mtn", "--payer", SUCCESS],
+                          "--amount", "1500", "--currency", "EUR", "--rail", "mtn", "--payer", SUCCESS, "--json"],
                          env=base_env(db_url, **rail_env(sandbox)), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr

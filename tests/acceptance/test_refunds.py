@@ -103,7 +103,7 @@ def _counts(db) -> tuple:
 
 
 def _cli(db_url, sandbox, *args):
-    return subprocess.run([script("vpay-server"), "refunds", *args],
+    return subprocess.run([script("vpay-server"), "refunds", *args, "--json"],
                           env=base_env(db_url, **rail_env(sandbox)), capture_output=True, text=True,
                           timeout=60)
 
@@ -231,11 +231,14 @@ def test_over_refund_and_refund_of_a_charge_not_succeeded_are_errors_that_write_
     assert _counts(db) == before
     assert sandbox.count(path_prefix="/disbursement") == 0
 
-    # the operator's command: clear messages, exit codes, nothing written
+    # the operator's command: clear messages, exit codes, nothing written; what
+    # the charge refuses is refused by the data (1), not a usage error
     out = _cli(db_url, sandbox, "create", "--charge", pending["id"])
-    assert out.returncode == 2 and "only a succeeded charge can be refunded" in out.stderr
+    assert out.returncode == 1 and "only a succeeded charge can be refunded" in out.stderr
     out = _cli(db_url, sandbox, "create", "--charge", paid["id"], "--amount", "2501")
-    assert out.returncode == 2 and "exceeds what charge" in out.stderr
+    assert out.returncode == 1 and "exceeds what charge" in out.stderr
+    out = _cli(db_url, sandbox, "create", "--charge", paid["id"], "--amount", "0")
+    assert out.returncode == 2 and "--amount" in out.stderr
     out = _cli(db_url, sandbox, "create", "--charge", "ch_doesnotexist")
     assert out.returncode == 1 and "no charge" in out.stderr
     assert _counts(db) == before
@@ -281,7 +284,7 @@ def test_a_refund_request_without_an_answer_is_recovered_and_settles(db, db_url,
 def test_a_kill_after_the_refund_commit_is_recovered_by_its_poll(db, db_url, pool, sandbox, merchant, spawn):
     charge = _paid(db, pool, sandbox, merchant)
     env = base_env(db_url, VPAY_TEST_PAUSE_AT="after_refund_commit", **rail_env(sandbox))
-    cli = spawn("vpay-server", "refunds", "create", "--charge", charge["id"], env=env)
+    cli = spawn("vpay-server", "--log-level", "INFO", "refunds", "create", "--charge", charge["id"], env=env)
     wait_until(lambda: "test pause" in cli.text(), timeout=30, what="the create to pause after its commit")
     cli.popen.send_signal(signal.SIGKILL)
     cli.wait(10)

@@ -62,11 +62,11 @@ def _schema(url):
 
 def test_migrate_twice_and_concurrently_leaves_one_schema(fresh_db):
     env = base_env(fresh_db)
-    procs = [subprocess.Popen([script("vpay-server"), "migrate"], env=env, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([script("vpay-server"), "migrate", "--json"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     results = [(p.wait(120), p.stdout.read(), p.stderr.read()) for p in procs]
     assert all(rc == 0 for rc, _, _ in results), results
-    applied_counts = sorted(len(__import__("json").loads(out.strip().splitlines()[-1])["applied"])
+    applied_counts = sorted(len(__import__("json").loads(out)["applied"])
                             for _, out, _ in results)
     from vpay.base.db import migration_files
     assert applied_counts == [0, 0, len(migration_files())]
@@ -74,7 +74,7 @@ def test_migrate_twice_and_concurrently_leaves_one_schema(fresh_db):
     assert {"jobs", "charges", "payment_intents", "events", "webhook_endpoints", "alerts",
             "schema_migrations"} <= set(tables)
     assert applied == [n for n, _ in migration_files()]
-    again = subprocess.run([script("vpay-server"), "migrate"], env=env, capture_output=True,
+    again = subprocess.run([script("vpay-server"), "migrate", "--json"], env=env, capture_output=True,
                            text=True, timeout=120)
     assert again.returncode == 0 and '"applied": []' in again.stdout
     assert _schema(fresh_db) == (tables, applied)
@@ -131,16 +131,25 @@ def test_a_rail_base_url_with_a_space_refuses_the_worker_at_boot():
         counter.close()
 
 
+@pytest.mark.parametrize("args", [["--idle-sleep", "nan"], ["--lease-seconds", "inf"], ["--lease-seconds", "nan"],
+                                  ["--shutdown-grace-seconds", "nan"], ["--shutdown-grace-seconds", "-inf"],
+                                  ["--idle-sleep", "0s"], ["--lease-seconds", "5 minutes"]], ids=" ".join)
+def test_a_flag_that_is_not_a_duration_is_a_usage_error_and_boots_nothing(db, db_url, args):
+    res = subprocess.run([script("vpay-worker"), *args], env=base_env(db_url), capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.startswith("vpay: usage: ") and len(res.stderr.splitlines()) == 1
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+
+
 @pytest.mark.parametrize("args,env", [
-    (["--idle-sleep", "nan"], {}), (["--lease-seconds", "inf"], {}), (["--lease-seconds", "nan"], {}),
-    (["--shutdown-grace-seconds", "nan"], {}), (["--shutdown-grace-seconds", "-inf"], {}),
     ([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9"}),  # half a rail: its credentials are missing
     ([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9", "VPAY_MTN_SUBSCRIPTION_KEY": "k", "VPAY_MTN_API_USER": "u",
           "VPAY_MTN_API_KEY": "p", "VPAY_MTN_READ_TIMEOUT_SECONDS": "abc"}),
     *[([], {"VPAY_MTN_BASE_URL": "http://127.0.0.1:9", "VPAY_MTN_SUBSCRIPTION_KEY": "k", "VPAY_MTN_API_USER": "u",
             "VPAY_MTN_API_KEY": "p", "VPAY_MTN_READ_TIMEOUT_SECONDS": bad}) for bad in ("0", "-1", "inf", "nan")],
     ([], {"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "abc"}),
-], ids=["idle-nan", "lease-inf", "lease-nan", "grace-nan", "grace-minus-inf", "half-a-rail",
+], ids=["half-a-rail",
         "bad-rail-timeout", "rail-timeout-0", "rail-timeout-negative", "rail-timeout-inf", "rail-timeout-nan",
         "bad-webhook-timeout"])
 def test_a_configuration_that_cannot_work_is_refused_at_boot_with_78(db, db_url, args, env):

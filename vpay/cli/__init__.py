@@ -1,9 +1,10 @@
 """``vpay-server`` (a click group) and ``vpay-worker`` (= ``vpay-server worker``).
 
 One module per command group; each registers here in one line. Names, flags
-and exit codes are the contract's (docs/design/contract.md); the shared
+and exit codes are the contract's (shared/design/contract.md); the shared
 exit codes, the one-line refusal and the translation of every failure into
-one line on stderr (never a traceback) live in ``vpay.cli.common``.
+one line on stderr (never a traceback) live in ``vpay.cli.errors``; tables
+and ``--json`` in ``vpay.cli.output``; docs/cli.md lists every command.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from __future__ import annotations
 import click
 
 from vpay import __version__
-import vpay.money  # noqa: F401  (the domain registers its lanes before any command reads them)
-from vpay.base import logs
 from vpay.cli.alerts import alerts
 from vpay.cli.api import api
 from vpay.cli.charges import charges
-from vpay.cli.common import VpayGroup, guarded_main, log_level, log_level_option
+import vpay.money  # noqa: F401  (the domain registers its lanes before any command reads them)
+from vpay.cli.common import VpayGroup, guarded_main, log_level_option, setup_logging
 from vpay.cli.demo import demo
 from vpay.cli.jobs import jobs
 from vpay.cli.merchants import merchants
@@ -38,8 +38,9 @@ def main(level: str | None) -> None:
 
     Exit codes: 0 done, 1 not found or refused by the data, 2 usage error,
     69 the database (or a port) is unavailable, 70 a bug, 78 configuration
-    refused; every failure is one line on stderr."""
-    logs.setup(log_level(level))
+    refused; every failure is one line on stderr. Data commands print a
+    table, or JSON with --json; durations take a unit (30s, 15m, 24h, 90d)."""
+    setup_logging(level)
 
 
 for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import click
 
-from vpay.cli.common import ROW_ID, connect_db, echo_rows, fail
+from vpay.cli.common import ROW_ID, connect_db
+from vpay.cli.errors import Refused
+from vpay.cli.output import echo_rows, json_option
 from vpay.cli.jobs import _actor
 
 COLUMNS = ("id", "kind", "charge_id", "created_at", "acknowledged_at", "details", "note")
 
 
 def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """``--kind``: one of ``ALERT_KINDS`` (vpay/money/alert_kinds.py), else a usage error."""
+    """``--kind``: one of ``ALERT_KINDS`` (vpay/alert_kinds.py), else a usage error."""
     from vpay.money.alert_kinds import ALERT_KINDS
     if value is not None and value not in ALERT_KINDS:
         raise click.BadParameter(f"unknown alert kind {value!r}; kinds are {','.join(ALERT_KINDS)}",
@@ -36,7 +38,7 @@ def alerts() -> None:
 @click.option("--kind", default=None, callback=_known_kind,
               help="Only this kind (charge_unresolved, job_dead_lettered, ...).")
 @click.option("--charge", default=None, help="Only this charge's alerts (ch_...).")
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@json_option
 def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) -> None:
     """Alerts, oldest first (at most 1000)."""
     from vpay.money.operator import list_alerts
@@ -50,10 +52,10 @@ def list_(open_only: bool, kind: str | None, charge: str | None, as_json: bool) 
 @click.option("--all-open", "every", is_flag=True, help="Every open alert (of --kind).")
 @click.option("--kind", default=None, callback=_known_kind, help="With --all-open: only this kind.")
 @click.option("--note", required=True, help="Who owns the case and what was found (stored).")
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@json_option
 def ack(ids: tuple[int, ...], every: bool, kind: str | None, note: str, as_json: bool) -> None:
     """Acknowledge alerts, keeping a note on each."""
-    from vpay.money.operator import Refused, ack as acknowledge, check_note, list_alerts
+    from vpay.money.operator import Refused as NotAllowed, ack as acknowledge, check_note, list_alerts
     try:
         note = check_note(note)
     except ValueError as exc:
@@ -64,6 +66,6 @@ def ack(ids: tuple[int, ...], every: bool, kind: str | None, note: str, as_json:
         chosen = list(ids) if ids else [r["id"] for r in list_alerts(conn, open_only=True, kind=kind)]
         try:
             rows = acknowledge(conn, chosen, note, _actor()) if chosen else []
-        except Refused as exc:
-            fail(f"refused, nothing changed: {exc}")
+        except NotAllowed as exc:
+            raise Refused(f"refused, nothing changed: {exc}") from None
     echo_rows(rows, ("id", "kind", "charge_id", "acknowledged_at", "note"), as_json, done="acknowledged")

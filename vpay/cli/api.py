@@ -9,7 +9,8 @@ import sys
 
 import click
 
-from vpay.cli.common import EX_UNAVAILABLE, fail, open_db, refuse
+from vpay.cli.common import Duration, open_db, refuse
+from vpay.cli.errors import Unavailable
 
 log = logging.getLogger("vpay.cli")
 
@@ -43,7 +44,7 @@ def _check_listen(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)
     except OSError as exc:
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EX_UNAVAILABLE)
+        raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 @click.command()
@@ -52,9 +53,9 @@ def _check_listen(host: str, port: int) -> None:
 @click.option("--workers", type=int, default=2, show_default=True, help="gunicorn worker processes.")
 @click.option("--threads", type=int, default=4, show_default=True,
               help="Threads per worker (at most the per-worker pool size, 4).")
-@click.option("--timeout", type=int, default=60, show_default=True,
-              help="gunicorn worker timeout, seconds.")
-def api(bind: str, workers: int, threads: int, timeout: int) -> None:
+@click.option("--timeout", type=Duration(minimum=1, bare="s"), default="60s", show_default=True,
+              help="gunicorn worker timeout (seconds, or 60s, 2m).")
+def api(bind: str, workers: int, threads: int, timeout: float) -> None:
     """The HTTP API: rail callbacks and the merchant's payment intents (gunicorn, in process).
 
     Refuses to start (exit 78) on a configuration that cannot work: no rail of
@@ -63,6 +64,8 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     configured is logged at warning; its callbacks answer 404 and its payments
     422 payment_method_unavailable. The database is not contacted at start: /healthz answers 503 until it
     is reachable."""
+    # The address first: a usage error touches nothing (no log, no metrics directory).
+    listen = _host_port(bind)
     from vpay.base import logs
     logs.setup(stream=sys.stdout)  # a service: its log is stdout (journald), like the worker's
     from vpay.api.exposition import prepare
@@ -71,11 +74,11 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     from vpay.rails.port import RailError
     from vpay.base.settings import ConfigError, Settings
     from vpay.api.app import POOL_MAX, create_app
+
+    if not 1 <= threads <= POOL_MAX or workers < 1:
+        refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers >= 1")
     from vpay.api.server import ApiServer
 
-    listen = _host_port(bind)
-    if not 1 <= threads <= POOL_MAX or workers < 1 or timeout < 1:
-        refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers and --timeout >= 1")
     try:
         settings = Settings.from_env()
     except ConfigError as exc:
@@ -109,6 +112,6 @@ def api(bind: str, workers: int, threads: int, timeout: int) -> None:
     if listen is not None:
         _check_listen(*listen)
     ApiServer(app_factory, {"bind": [bind], "workers": workers, "threads": threads,
-                            "timeout": timeout,
+                            "timeout": max(1, round(timeout)),
                             "loglevel": logging.getLevelName(logging.getLogger().level).lower()},
               metrics=True).run()

@@ -17,30 +17,13 @@ database unreachable, 78 configuration refused.
 
 from __future__ import annotations
 
-import json
-import re
-
 import click
 
-from vpay.cli.common import fail, open_db
+from vpay.cli.common import Duration, connect_db
+from vpay.cli.errors import NotFound, Refused
+from vpay.cli.output import emit, json_option
 
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)")
-_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_DURATION_SECONDS = 36500 * 86400
-
-
-def parse_duration(text: str) -> float:
-    """``90s``, ``15m``, ``24h``, ``2d`` or plain seconds, as seconds.
-    Raises ``click.BadParameter``."""
-    m = _DURATION.fullmatch(text.strip().lower())
-    if not m:
-        raise click.BadParameter(f"{text!r} is not a duration like 90s, 15m, 24h or 2d")
-    seconds = float(m.group(1)) * _UNIT[m.group(2)]
-    if seconds > MAX_DURATION_SECONDS:
-        # Postgres cannot subtract more than its interval range from now();
-        # a hundred years is older than any charge.
-        raise click.BadParameter(f"{text!r} is more than {MAX_DURATION_SECONDS // 86400} days")
-    return seconds
+COLUMNS = ("id", "rail", "rail_reference", "amount", "age", "open_alerts", "next_poll", "last_error")
 
 
 @click.group()
@@ -51,31 +34,26 @@ def charges() -> None:
 @charges.command("list")
 @click.option("--status", type=click.Choice(["unresolved", "pending", "succeeded", "failed"]),
               default="unresolved", show_default=True)
-@click.option("--older-than", "older_than", default="0", help="Only charges at least this old: 90s, 15m, 24h, 2d.")
+@click.option("--older-than", "older_than", type=Duration(), default="0s",
+              help="Only charges at least this old: 90s, 15m, 24h, 2d.")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def list_(status: str, older_than: str, limit: int, as_json: bool) -> None:
-    """Charges in one status, oldest first."""
+@json_option
+def list_(status: str, older_than: float, limit: int, as_json: bool) -> None:
+    """Charges in one status, oldest first. A settled charge has no next poll
+    and no rail answer to show: its poll has ended."""
     from vpay.money.currency import minor_to_major_string
-    from vpay.base.db import connect
     from vpay.money.resolve import list_charges
-    seconds = parse_duration(older_than)
-    url, _ = open_db()
-    with connect(url) as conn:
-        rows = list_charges(conn, status, seconds, limit)
+    with connect_db() as conn:
+        rows = list_charges(conn, status, older_than, limit)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        emit(rows, True)
         return
-    if not rows:
-        click.echo("(none)")  # as every other list command
-        return
-    click.echo(f"{'charge':<28} {'rail':<6} {'rail_reference':<36} {'amount':>14} {'age':>8} {'alerts':>6}  "
-               f"{'next poll':<25} last error")
     for r in rows:
-        amount = f"{minor_to_major_string(r['amount'], r['currency'])} {r['currency']}"
-        age = f"{r['age_seconds'] / 3600:.1f}h"
-        click.echo(f"{r['id']:<28} {r['rail']:<6} {r['rail_reference']:<36} {amount:>14} {age:>8} "
-                   f"{r['open_alerts']:>6}  {('dead-lettered' if r['poll_dead'] else r['next_poll'] or '-')[:25]:<25} {r['last_error'] or ''}")
+        r["amount"] = f"{minor_to_major_string(r['amount'], r['currency'])} {r['currency']}"
+        r["age"] = f"{r['age_seconds'] / 3600:.1f}h"
+        if r["poll_dead"]:
+            r["next_poll"] = "dead-lettered"
+    emit(rows, False, COLUMNS)
 
 
 @charges.command("resolve")
@@ -83,21 +61,19 @@ def list_(status: str, older_than: str, limit: int, as_json: bool) -> None:
 @click.option("--outcome", required=True, type=click.Choice(["succeeded", "failed"]))
 @click.option("--evidence", required=True,
               help="What proves the outcome (a statement line, a rail ticket, the payer's receipt); stored.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def resolve(charge_id: str, outcome: str, evidence: str, as_json: bool) -> None:
     """Settle an unresolved charge (or a pending one with an open alert) on evidence."""
-    from vpay.base.db import connect
-    from vpay.money.resolve import Refused, resolve_charge
-    url, _ = open_db()
-    with connect(url) as conn:
+    from vpay.money.resolve import Refused as NotResolvable, resolve_charge
+    with connect_db() as conn:
         try:
             result = resolve_charge(conn, charge_id, outcome, evidence)
-        except Refused as exc:
+        except NotResolvable as exc:
             if exc.code == "bad_evidence":
                 raise click.BadParameter(str(exc), param_hint="--evidence") from None
-            fail(str(exc))
+            raise (NotFound if exc.code == "not_found" else Refused)(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        emit(result, True)
     else:
         c = result["charge"]
-        click.echo(f"{c['id']} {c['status']} (evidence {result['evidence']['id']} stored)")
+        emit({"charge": c["id"], "status": c["status"], "evidence": result["evidence"]["id"]}, False)

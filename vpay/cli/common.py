@@ -1,50 +1,28 @@
-"""What every command shares: exit codes, the one-line refusal, the database URL,
-and the translation of every failure into one line on stderr.
+"""What every command shares: the database it opens (one bound, one message),
+the log it writes, and the parameter types of its flags (amounts, row ids,
+ports, durations).
 
-Exit codes (contract): 0 done, 1 not found / refused by the data, 2 usage,
-69 a resource it needs is unavailable (the database, a port: EX_UNAVAILABLE),
-70 a bug (EX_SOFTWARE), 78 configuration refused (EX_CONFIG). Every failure
-is one line on stderr starting ``vpay:``, never a traceback (``--log-level
-DEBUG`` adds the traceback to the JSON log, for a bug report).
-
-``VpayGroup`` (the ``vpay-server`` group) and ``guarded`` (``vpay-worker``)
-apply this to every command, so a command only raises: a database it cannot
-reach (``psycopg.OperationalError``, ``PoolTimeout``) is 69, a refused
-setting (``ConfigError``) is 78, a usage error 2.
+The exit codes and the one ``vpay:`` line are ``vpay.cli.errors``; what a
+command prints (a table, or JSON with ``--json``) is ``vpay.cli.output``.
+``VpayGroup`` (the ``vpay-server`` group) and ``guarded_main``
+(``vpay-worker``) run every command under ``errors.guarded``, so a command
+only raises.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import click
 
-EX_USAGE = 2
-EX_UNAVAILABLE = 69
-EX_SOFTWARE = 70
-EX_CONFIG = 78
+from vpay.cli.errors import guarded, refuse
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 log = logging.getLogger("vpay.cli")
-
-
-def fail(message: str, code: int = 1) -> None:
-    """One line on stderr, then exit ``code`` (1: not found / refused by the data);
-    control characters in ``message`` are escaped (``output.safe_text``)."""
-    from vpay.cli.output import safe_text
-    click.echo(f"vpay: {safe_text(message)}", err=True)
-    sys.exit(code)
-
-
-def refuse(message: str) -> None:
-    """One clear line, then exit 78: systemd will not restart a refused config
-    (RestartPreventExitStatus=78)."""
-    fail(f"configuration refused: {message}", EX_CONFIG)
 
 
 class MinorUnits(click.ParamType):
@@ -93,80 +71,6 @@ def log_level_option(fn):
                         help="Log level [default: VPAY_LOG_LEVEL, else INFO].")(fn)
 
 
-def _unavailable_line(exc: BaseException) -> str:
-    import psycopg
-    text = " ".join(str(exc).split())[:400] or type(exc).__name__
-    hint = ""
-    if "does not exist" in text and "database" in text:
-        hint = " (create it first, e.g. createdb, then run vpay-server migrate)"
-    elif isinstance(exc, psycopg.errors.UndefinedTable):  # not any text naming a relation (a deadlock's does)
-        hint = " (run vpay-server migrate)"
-    return f"database unavailable: {text}{hint}"
-
-
-_CONNECTION_STATES = ("08", "53", "57P")
-"""SQLSTATE classes that mean the database is unreachable or going away:
-connection exceptions, insufficient resources, operator intervention
-(shutdown, cannot connect now)."""
-
-
-def _refused_line(exc: BaseException) -> str:
-    """A database that answered and refused one statement (a deadlock, a
-    lock or statement timeout, a serialization failure): what it said,
-    under its own name; nothing was committed by the failed transaction."""
-    text = " ".join(str(exc).split())[:300] or type(exc).__name__
-    state = getattr(exc, "sqlstate", None) or "?"
-    return (f"database refused the transaction ({type(exc).__name__}, SQLSTATE {state}): {text}; "
-            "its changes were rolled back: run the command again")
-
-
-def translate(exc: BaseException) -> tuple[str, int]:
-    """``(line, exit code)`` for an exception a command let out. A database
-    that cannot be reached is 69 ("database unavailable"), one that answered
-    and refused a transaction (deadlock, timeout) 69 too, said as what it is
-    ("database refused the transaction", no migrate hint); a refused setting
-    78, anything else is a bug (70)."""
-    import psycopg
-    from psycopg_pool import PoolTimeout
-
-    from vpay.base.db import ConfigError
-    if isinstance(exc, ConfigError):
-        return f"configuration refused: {exc}", EX_CONFIG
-    state = getattr(exc, "sqlstate", None)
-    if isinstance(exc, psycopg.OperationalError) and state and not state.startswith(_CONNECTION_STATES):
-        # a deadlock (40P01), a lock or statement timeout (55P03, 57014), a
-        # serialization failure: the database is there and said no
-        return _refused_line(exc), EX_UNAVAILABLE
-    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)):
-        return _unavailable_line(exc), EX_UNAVAILABLE
-    if isinstance(exc, psycopg.errors.UndefinedTable):
-        return _unavailable_line(exc), EX_UNAVAILABLE
-    return f"internal error ({type(exc).__name__}): {' '.join(str(exc).split())[:300]}", EX_SOFTWARE
-
-
-@contextlib.contextmanager
-def guarded() -> Iterator[None]:
-    """Run a command so that any failure is one line and an exit code
-    (see the module doc). ``SystemExit`` passes through."""
-    try:
-        yield
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        fail("aborted", 1)
-    except click.UsageError as exc:
-        hint = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
-        fail(f"usage: {' '.join(exc.format_message().split())}{hint}", EX_USAGE)
-    except click.ClickException as exc:
-        fail(" ".join(exc.format_message().split()), exc.exit_code)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line
-        line, code = translate(exc)
-        log.debug("command failed", exc_info=True)
-        fail(line, code)
-
-
 class VpayGroup(click.Group):
     """The ``vpay-server`` group: every command runs ``guarded``."""
 
@@ -185,78 +89,122 @@ def guarded_main(command: click.Command, prog_name: str) -> None:
         sys.exit(code if isinstance(code, int) else 0)
 
 
-def open_db(pool_size: int | None = None):
-    """``(url, pool)``: the database URL (``VPAY_DATABASE_URL`` or the embedded
-    default) and, when ``pool_size`` is given, a pool of that size. A bad
-    setting exits 78 with one line; a database that does not answer within
-    ``VPAY_DATABASE_OPEN_TIMEOUT_SECONDS`` raises ``PoolTimeout`` (69)."""
-    from vpay.base.db import ConfigError, database_url, make_pool
+def open_database(pool_size: int | None = None):
+    """``(url, conn_or_pool)``: the one way every command and the worker
+    reach the database, with one bound and one message.
+
+    The URL is ``VPAY_DATABASE_URL`` or the embedded default (a bad setting:
+    ``ConfigError``, exit 78). One connection is made at once, bounded by
+    ``VPAY_DATABASE_OPEN_TIMEOUT_SECONDS`` (libpq's ``connect_timeout``): a
+    refused or unknown host fails on the spot, a silent one after the bound;
+    its failure carries ``user@host:port/db`` for the one line (exit 69).
+    With ``pool_size``, that connection is closed and a pool of that size
+    is opened (bounded the same way) and returned instead: a pool alone
+    would retry a refused server for the whole bound and then say only
+    "pool initialization incomplete"."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    from vpay.base.db import connect, database_url, describe, make_pool
+    url = database_url()
     try:
-        url = database_url()
-    except ConfigError as exc:
-        refuse(str(exc))
+        conn = connect(url)
+    except psycopg.OperationalError as exc:
+        exc.vpay_where = describe(url)
+        raise
     if pool_size is None:
-        return url, None
-    return url, make_pool(url, max_size=pool_size)
+        return url, conn
+    conn.close()
+    try:
+        return url, make_pool(url, max_size=pool_size)
+    except PoolTimeout as exc:
+        exc.vpay_where = describe(url)
+        raise
+
+
+def open_db(pool_size: int | None = None):
+    """``(url, pool)``: ``open_database`` for a pool of ``pool_size``, or the
+    URL alone (``pool`` None, nothing contacted) without one."""
+    if pool_size is None:
+        from vpay.base.db import database_url
+        return database_url(), None
+    return open_database(pool_size)
 
 
 def connect_db():
-    """One autocommit connection to the configured database, for one-shot
-    commands; a database that does not answer raises (69, one line)."""
-    from vpay.base.db import connect
-    return connect(open_db()[0])
+    """One autocommit connection for a one-shot command (``open_database``)."""
+    return open_database()[1]
 
 
-def echo_json(doc: Any) -> None:
-    """``doc`` as indented JSON on stdout (datetimes as ISO 8601)."""
-    import json
-    from datetime import datetime
+class _Quiet(logging.Filter):
+    """On a one-shot command's stderr: only operator audit lines
+    (``extra={"audit": True}``), unless the log was asked for."""
 
-    def default(value):
-        if isinstance(value, datetime):
-            return value.isoformat()
-        raise TypeError(f"not JSON: {type(value).__name__}")
-    click.echo(json.dumps(doc, indent=2, default=default))
+    def filter(self, record: logging.LogRecord) -> bool:
+        return bool(getattr(record, "audit", False))
 
 
-TEXT_COLUMNS = ("last_error", "details", "note", "reason")
-"""Free-text columns, cut at 60 characters in a table (ids never are)."""
+def setup_logging(flag_level: str | None) -> None:
+    """The log of a one-shot command: JSON on stderr, where it would mix with
+    the one ``vpay:`` line a failure prints. So by default only operator
+    audit lines go there (``jobs retry``, ``alerts ack``, keys issued or
+    revoked); everything at the level asked for when ``--log-level`` is
+    given, or ``VPAY_LOG_LEVEL`` is DEBUG. Services (the worker, the API)
+    set up their own log on stdout and are not quieted."""
+    from vpay.base import logs
+    level = log_level(flag_level)
+    logs.setup(level)
+    if flag_level is None and level != "DEBUG":
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_Quiet())
 
 
-def echo_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
-    """``rows`` as a plain text table of ``columns`` (a header, then one line
-    per row; ``TEXT_COLUMNS`` cut at 60 characters), or ``(none)``."""
-    if not rows:
-        click.echo("(none)")
-        return
-    from vpay.cli.output import safe_text
+class Duration(click.ParamType):
+    """A duration on the command line, always with its unit: ``30s``,
+    ``15m``, ``24h``, ``90d`` (contract: "Durations on the command line take
+    a unit everywhere"). A bare number is refused with a one-line hint: is
+    ``24`` hours, days or seconds? The one exception is a flag whose name
+    already says the unit (``--lease-seconds``, ``--overlap-hours``): it
+    takes a bare number in that unit (``bare="s"``, ``"h"``…) as well.
+    Converts to seconds (a float); ``minimum``/``maximum`` bound it
+    (seconds, inclusive)."""
 
-    def cell(value: Any, column: str) -> str:
-        if value is None:
-            return "-"
-        if hasattr(value, "isoformat"):
-            value = value.isoformat(timespec="seconds")
-        elif isinstance(value, (dict, list)):
-            import json
-            value = json.dumps(value, default=str)
-        text = safe_text(" ".join(str(value).split()))
-        return text if len(text) <= 60 or column not in TEXT_COLUMNS else text[:59] + "…"
-    cells = [[cell(r.get(c), c) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
-    for line in cells:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+    name = "duration"
+    UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    MAX_SECONDS = 36500 * 86400
+    """A hundred years: past it Postgres cannot subtract it from now()."""
+
+    def __init__(self, minimum: float = 0.0, maximum: float | None = None, bare: str | None = None):
+        self.minimum = minimum
+        self.bare = bare
+        self.maximum = self.MAX_SECONDS if maximum is None else maximum
+
+    def convert(self, value: Any, param, ctx) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        import re
+        text = str(value).strip().lower()
+        m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)", text)
+        if m is None:
+            self.fail(f"{value!r} is not a duration like 30s, 15m, 24h or 90d", param, ctx)
+        unit = m.group(2) or self.bare
+        if unit is None:
+            self.fail(f"{value!r} has no unit: write {text}s, {text}m, {text}h or {text}d", param, ctx)
+        seconds = float(m.group(1)) * self.UNITS[unit]
+        if seconds < self.minimum:
+            self.fail(f"{value!r} is less than {format_duration(self.minimum)}", param, ctx)
+        if seconds > self.maximum:
+            self.fail(f"{value!r} is more than {format_duration(self.maximum)}", param, ctx)
+        return seconds
 
 
-def echo_rows(rows: list[dict[str, Any]], columns: Sequence[str], as_json: bool,
-              done: str | None = None) -> None:
-    """What an operator command answers: ``rows`` as JSON (``--json``) or as
-    a table of ``columns``; for a table, ``done`` (a past-tense verb) is
-    followed by the row count on stderr (``retried 3``), so stdout stays the
-    table alone."""
-    if as_json:
-        echo_json(rows)
-        return
-    echo_table(rows, columns)
-    if done is not None:
-        click.echo(f"{done} {len(rows)}", err=True)
+def format_duration(seconds: float) -> str:
+    """``seconds`` in the largest unit that divides it: ``90d``, ``24h``, ``15m``, ``30s``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+PORT = click.IntRange(min=0, max=65535)
+"""A TCP port on the command line (0: any free one); anything else is a usage error."""

@@ -7,11 +7,12 @@ import sys
 
 import click
 
-from vpay.cli.common import fail
+from vpay.cli.common import Duration
+from vpay.cli.errors import Refused
 
 
 @click.command()
-@click.option("--deadline-seconds", default=150.0, show_default=True, type=float,
+@click.option("--deadline-seconds", default="150s", show_default=True, type=Duration(minimum=0.001, bare="s"),
               help="Stop waiting for the batch to settle after this long.")
 @click.option("--database", default="vpay_demo", show_default=True,
               help="The database the demo makes (and drops first, when it made it) on the server.")
@@ -30,5 +31,5 @@ def demo(deadline_seconds: float, database: str, reset: bool) -> None:
     try:
         code = run(deadline_seconds=deadline_seconds, database=database, reset=reset)
     except DemoRefused as exc:
-        fail(f"refused: {exc}")
+        raise Refused(f"refused: {exc}") from None
     sys.exit(code)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import click
 
-from vpay.cli.common import ROW_ID, connect_db, echo_rows, fail
+from vpay.cli.common import ROW_ID, connect_db
+from vpay.cli.errors import Refused
+from vpay.cli.output import echo_rows, json_option
 
 COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", "run_at",
            "locked_by", "lease_expires_at", "last_error")
@@ -62,7 +64,7 @@ def jobs() -> None:
 @click.option("--kind", default=None, callback=_known_kind, help="Only this job kind (poll, deliver, ...).")
 @click.option("--lane", default=None, callback=_known_lane,
               help="Only this lane (mtn, orange, webhooks, housekeeping).")
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@json_option
 def list_(dead: bool, stranded: bool, kind: str | None, lane: str | None, as_json: bool) -> None:
     """Jobs, oldest run_at first (at most 1000)."""
     from vpay.money.operator import list_jobs
@@ -87,11 +89,11 @@ def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[
 @click.option("--lane", default=None, callback=_known_lane, help="With --all-dead: only this lane.")
 @click.option("--note", default="retried by an operator", show_default=True,
               help="Kept on the job_dead_lettered alerts this acknowledges, and in the audit line.")
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@json_option
 def retry(ids: tuple[int, ...], every: bool, kind: str | None, lane: str | None, note: str,
           as_json: bool) -> None:
     """Put dead letters back on the queue, due now (fix the cause first)."""
-    from vpay.money.operator import Refused, check_note, retry as requeue
+    from vpay.money.operator import Refused as NotAllowed, check_note, retry as requeue
     try:
         note = check_note(note)
     except ValueError as exc:
@@ -100,22 +102,22 @@ def retry(ids: tuple[int, ...], every: bool, kind: str | None, lane: str | None,
         chosen = _ids(conn, ids, every, "--all-dead", dead=True, kind=kind, lane=lane)
         try:
             rows = requeue(conn, chosen, note, _actor()) if chosen else []
-        except Refused as exc:
-            fail(f"refused, nothing changed: {exc}")
+        except NotAllowed as exc:
+            raise Refused(f"refused, nothing changed: {exc}") from None
     echo_rows(rows, ("id", "kind", "dedupe_key", "attempts", "last_error"), as_json, done="retried")
 
 
 @jobs.command("release")
 @click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--all-stranded", "every", is_flag=True, help="Every lease past its lease_expires_at.")
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@json_option
 def release(ids: tuple[int, ...], every: bool, as_json: bool) -> None:
     """Free stranded leases (past their own lease_expires_at) so a live worker claims them."""
-    from vpay.money.operator import Refused, release as free
+    from vpay.money.operator import Refused as NotAllowed, release as free
     with connect_db() as conn:
         chosen = _ids(conn, ids, every, "--all-stranded", stranded=True)
         try:
             rows = free(conn, chosen, _actor()) if chosen else []
-        except Refused as exc:
-            fail(f"refused, nothing changed: {exc}")
+        except NotAllowed as exc:
+            raise Refused(f"refused, nothing changed: {exc}") from None
     echo_rows(rows, ("id", "kind", "dedupe_key", "failures", "last_error"), as_json, done="released")

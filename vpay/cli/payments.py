@@ -18,17 +18,20 @@ Nothing is re-sent: wrong credentials fail fast, they do not loop.
 
 from __future__ import annotations
 
-import json
-import sys
-
 import click
 
-from vpay.cli.common import MINOR_UNITS, connect_db, open_db, refuse
+from vpay.cli.common import MINOR_UNITS, connect_db, open_database, refuse
+from vpay.cli.errors import NotFound
+from vpay.cli.output import echo_record, emit, json_option
+
+CHARGE_COLUMNS = ("id", "status", "rail", "amount", "currency", "failure_code", "next_read_at", "attempts",
+                  "last_error", "open_alerts")
+EVENT_COLUMNS = ("id", "type", "created")
 
 
 @click.group()
 def payments() -> None:
-    """Start and inspect payments from a shell (JSON out)."""
+    """Start and inspect payments from a shell (a table, or JSON with --json)."""
 
 
 @payments.command("create")
@@ -38,9 +41,11 @@ def payments() -> None:
 @click.option("--rail", default="mtn", show_default=True, help="Rail code.")
 @click.option("--payer", required=True, help="Payer MSISDN, international form, digits only.")
 @click.option("--description", default=None, help="Shown to the payer (at most 160 characters).")
-def payments_create(merchant, amount, currency, rail, payer, description) -> None:
-    """Create and confirm a payment as the API would; print {payment_intent, charge, charges}."""
-    from vpay.base.db import make_pool
+@json_option
+def payments_create(merchant, amount, currency, rail, payer, description, as_json) -> None:
+    """Create and confirm a payment as the API would; print {payment_intent, charge, charges}.
+
+    An unknown merchant is exit 1 (nothing written); a malformed value 2."""
     from vpay.money.charges import InvalidPayment
     from vpay.money.payments import create_and_submit
     from vpay.rails import build_rail
@@ -50,8 +55,7 @@ def payments_create(merchant, amount, currency, rail, payer, description) -> Non
         settings = Settings.from_env()
     except ConfigError as exc:
         refuse(str(exc))
-    url, _ = open_db()
-    pool = make_pool(url, max_size=2)
+    _, pool = open_database(pool_size=2)
     try:
         try:
             result = create_and_submit(pool, build_rail, merchant_id=merchant, amount=amount,
@@ -59,35 +63,48 @@ def payments_create(merchant, amount, currency, rail, payer, description) -> Non
                                        description=description,
                                        prompt_ttl_seconds=settings.prompt_ttl_seconds)
         except InvalidPayment as exc:
+            if exc.param == "merchant" and str(exc).startswith("unknown merchant"):
+                raise NotFound(f"{exc}: create it with vpay-server merchants create --id {merchant}") from None
             raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
         except RailError as exc:
             refuse(str(exc))
-        click.echo(json.dumps(result | {"charges": [result["charge"]]}, indent=2))
-        _refuse_if_misconfigured(pool, rail, result["charge"], result["payment_intent"]["id"])
     finally:
         pool.close()
+    refused = result.pop("rail_refusal", None)
+    result["charges"] = [result["charge"]]
+    show_payment(result, as_json)
+    if refused is not None:
+        refuse(f"rail {rail} refused our configuration ({refused['code']}); payment "
+               f"{result['payment_intent']['id']} failed with rail_configuration_refused, not sent to the "
+               f"payer: fix the VPAY_{rail.upper()}_* settings (rail_misconfigured alert)")
 
 
-def _refuse_if_misconfigured(pool, rail: str, charge: dict, intent_id: str) -> None:
-    from vpay.money.misconfiguration import FAILURE_CODE, open_codes
-    if charge["failure_code"] != FAILURE_CODE:
+def show_payment(found: dict, as_json: bool) -> None:
+    """A payment as JSON, or for a person: the intent's fields, then its
+    charges (with their poll: the next read, attempts, last rail answer;
+    none once the charge is settled) and its events."""
+    if as_json:
+        emit(found, True)
         return
-    with pool.connection() as conn:
-        codes = open_codes(conn, rail)
-    refuse(f"rail {rail} refused our configuration ({', '.join(codes) or 'see the log'}); payment "
-           f"{intent_id} failed with {FAILURE_CODE}, not sent to the payer: fix the VPAY_{rail.upper()}_* "
-           f"settings (rail_misconfigured alert)")
+    intent = found["payment_intent"]
+    charges = [{**c, **{k: (c.get("poll") or {}).get(k) for k in ("next_read_at", "attempts", "last_error")},
+                "open_alerts": len(c.get("open_alerts") or [])} for c in found["charges"]]
+    tables = {"charges": (charges, CHARGE_COLUMNS)}
+    if "events" in found:
+        tables["events"] = (found["events"], EVENT_COLUMNS)
+    echo_record(intent, [k for k, v in intent.items() if not isinstance(v, (dict, list))], tables)
 
 
 @payments.command("show")
 @click.argument("some_id")
-def payments_show(some_id: str) -> None:
+@json_option
+def payments_show(some_id: str, as_json: bool) -> None:
     """An intent (pi_...) or a charge (ch_...): its charges with their poll job
-    and open alerts, and its events, as JSON."""
+    and open alerts, and its events. Exit 1 when the id names nothing."""
     from vpay.money.operator import payment_view
     with connect_db() as conn:
         found = payment_view(conn, some_id)
     if found is None:
-        click.echo(f"vpay: no payment intent or charge {some_id!r}", err=True)
-        sys.exit(1)
-    click.echo(json.dumps(found, indent=2))
+        raise NotFound(f"no payment intent or charge {some_id!r}")
+    show_payment(found, as_json)
+

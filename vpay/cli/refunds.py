@@ -14,21 +14,19 @@ what the charge has left).
 
 from __future__ import annotations
 
-import json
-import sys
-
 import click
 
-from vpay.cli.common import MINOR_UNITS, open_db, refuse
+from vpay.cli.common import MINOR_UNITS, connect_db, open_database, refuse
+from vpay.cli.errors import NotFound, Refused
+from vpay.cli.output import echo_record, emit, json_option
 
-
-def _url() -> str:
-    return open_db()[0]
+# A refund that may not be made because of what the charge is (not how it was typed): exit 1.
+DATA_REFUSALS = ("charge_not_succeeded", "nothing_to_refund", "amount_exceeds_refundable")
 
 
 @click.group()
 def refunds() -> None:
-    """Refunds of succeeded charges (JSON out)."""
+    """Refunds of succeeded charges (a table, or JSON with --json)."""
 
 
 @refunds.command("create")
@@ -36,45 +34,55 @@ def refunds() -> None:
 @click.option("--amount", type=MINOR_UNITS, default=None,
               help="Minor units (e.g. 1050 = 10.50 EUR) [default: all that is left to refund].")
 @click.option("--reason", default=None, help="Why, kept on the refund (at most 160 characters).")
-def create(charge_id: str, amount: int | None, reason: str | None) -> None:
-    """Refund a succeeded charge; print {refund}. The worker settles it."""
-    from vpay.base.db import make_pool
-    from vpay.money.misconfiguration import FAILURE_CODE, open_codes
+@json_option
+def create(charge_id: str, amount: int | None, reason: str | None, as_json: bool) -> None:
+    """Refund a succeeded charge; print {refund}. The worker settles it.
+
+    Exit 1: no such charge, or the charge refuses it (not succeeded, the
+    amount above what is left); 2: a malformed amount or reason."""
     from vpay.rails import build_rail
     from vpay.rails.port import RailError
     from vpay.money.refunds import InvalidRefund, create_and_submit
-    pool = make_pool(_url(), max_size=2)
+    _, pool = open_database(pool_size=2)
     try:
         try:
             result = create_and_submit(pool, build_rail, charge_id=charge_id, amount=amount, reason=reason)
         except InvalidRefund as exc:
             if exc.code == "charge_not_found":
-                click.echo(f"vpay: {exc}", err=True)
-                sys.exit(1)
+                raise NotFound(str(exc)) from None
+            if exc.code in DATA_REFUSALS:
+                raise Refused(f"refused, nothing changed: {exc}") from None
             raise click.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
         except RailError as exc:
             refuse(str(exc))
-        click.echo(json.dumps(result, indent=2))
-        refund = result["refund"]
-        if refund["failure_code"] == FAILURE_CODE:
-            with pool.connection() as conn:
-                codes = open_codes(conn, refund["rail"])
-            refuse(f"rail {refund['rail']} refused our configuration ({', '.join(codes) or 'see the log'}); "
-                   f"refund {refund['id']} failed with {FAILURE_CODE}, no money moved: fix the "
-                   f"VPAY_{refund['rail'].upper()}_* settings (rail_misconfigured alert)")
     finally:
         pool.close()
+    refused = result.pop("rail_refusal", None)
+    if as_json:
+        emit(result, True)
+    else:
+        echo_record(result["refund"])
+    if refused is not None:
+        refund = result["refund"]
+        refuse(f"rail {refund['rail']} refused our configuration ({refused['code']}); refund {refund['id']} "
+               f"failed with rail_configuration_refused, no money moved: fix the "
+               f"VPAY_{refund['rail'].upper()}_* settings (rail_misconfigured alert)")
 
 
 @refunds.command("show")
 @click.argument("refund_id")
-def show(refund_id: str) -> None:
-    """A refund (re_...) with its charge and events, as JSON."""
-    from vpay.base.db import connect
+@json_option
+def show(refund_id: str, as_json: bool) -> None:
+    """A refund (re_...) with its charge and events. Exit 1 when the id names nothing."""
     from vpay.money.refunds import show as find
-    with connect(_url()) as conn:
+    with connect_db() as conn:
         found = find(conn, refund_id)
     if found is None:
-        click.echo(f"vpay: no refund {refund_id!r}", err=True)
-        sys.exit(1)
-    click.echo(json.dumps(found, indent=2))
+        raise NotFound(f"no refund {refund_id!r}")
+    if as_json:
+        emit(found, True)
+        return
+    refund = found["refund"]
+    echo_record(refund | {"charge_status": found["charge"].get("status")},
+                [k for k, v in refund.items() if not isinstance(v, (dict, list))] + ["charge_status"],
+                {"events": (found["events"], ("id", "type", "created"))})

@@ -9,16 +9,18 @@ import os
 
 import click
 
-from vpay.cli.common import EX_UNAVAILABLE, fail
+from vpay.cli.common import PORT, Duration
+from vpay.cli.errors import Unavailable
 
 log = logging.getLogger("vpay.cli")
 
 
 @click.command("sandbox-rail")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8090, show_default=True, type=int)
-@click.option("--success-after-seconds", default=3.0, show_default=True, type=float,
-              help="Payers outside MTN's failure numbers succeed this long after the request-to-pay.")
+@click.option("--port", default=8090, show_default=True, type=PORT, help="TCP port (0..65535; 0: any free one).")
+@click.option("--success-after-seconds", default="3s", show_default=True, type=Duration(bare="s"),
+              help="Payers outside MTN's failure numbers succeed this long after the request-to-pay "
+                   "(seconds, or 3s, 1m).")
 @click.option("--reason-shape", type=click.Choice(["string", "object"]), default="string", show_default=True,
               help="A FAILED status's reason: a plain string (MTN's published shape) or {code, message}.")
 @click.option("--target-environment", envvar="VPAY_MTN_TARGET_ENVIRONMENT", default="sandbox",
@@ -43,7 +45,7 @@ def sandbox_rail(host: str, port: int, success_after_seconds: float, reason_shap
         rail = SandboxRail(host, port, success_after_seconds=success_after_seconds,
                            reason_shape=reason_shape, target_environment=target_environment, **kwargs)
     except OSError as exc:  # a busy port, an address not on this host
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EX_UNAVAILABLE)
+        raise Unavailable(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
     def _stop(signum, frame):
         raise KeyboardInterrupt

@@ -1,7 +1,7 @@
 """``vpay-server statements import|list|show``: reconcile against a rail's
 statement (docs/flows/statements.md).
 
-``import FILE --rail mtn|orange [--profile NAME | --map KEY=COLUMN,…] [--period-start T --period-end T]
+``import FILE --rail mtn|orange [--profile NAME | --map KEY=COLUMN,…]
 [--apply] [--lag-minutes N] [--json] [--exceptions-csv PATH]``: a dry run unless ``--apply``.
 Prints the summary table (counts and amounts per outcome) and the exceptions,
 or the report as JSON; ``--exceptions-csv`` writes the exceptions for an
@@ -14,12 +14,13 @@ unreachable, 78 configuration refused.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from vpay.cli.common import fail, open_db
+from vpay.cli.common import Duration, connect_db
+from vpay.cli.errors import NotFound, Refused
+from vpay.cli.output import echo_text, emit, json_option
 
 
 @click.group()
@@ -37,22 +38,21 @@ def statements() -> None:
                    "currency, status, time, type, reason).")
 @click.option("--apply", is_flag=True, help="Settle what the statement proves and record it "
                                             "[default: dry run, nothing written].")
-@click.option("--lag-minutes", type=click.FloatRange(0, 24 * 60), default=60, show_default=True,
+@click.option("--lag-minutes", "lag", type=Duration(maximum=86400, bare="m"), default="60m", show_default=True,
               help="How far the statement may lag the rail: our successes this close to its last line "
-                   "are not yet expected in it.")
+                   "are not yet expected in it (minutes, or 2h; at most 24h).")
 @click.option("--period-start", default=None, metavar="TIME",
               help="The period the statement covers, from (ISO 8601; a date alone is its midnight UTC) "
                    "[default: the file's period columns, else its lines' times].")
 @click.option("--period-end", default=None, metavar="TIME",
               help="... to (inclusive; a date alone covers that whole day).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option
 @click.option("--exceptions-csv", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the exceptions to this CSV file.")
-def import_(file: Path, rail: str, profile: str | None, mapping: str | None, apply: bool, lag_minutes: float,
+def import_(file: Path, rail: str, profile: str | None, mapping: str | None, apply: bool, lag: float,
             period_start: str | None, period_end: str | None, as_json: bool,
             exceptions_csv: Path | None) -> None:
     """Match a statement's lines against our charges and refunds."""
-    from vpay.base.db import connect
     from vpay.statements import importer, report
     from vpay.statements.profiles import BadMap, choose
     from vpay.statements.reader import BadFile
@@ -67,19 +67,18 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
     try:
         raw = read_path(file)  # the header is read; the lines are read while judging
     except BadFile as exc:
-        fail(f"{file.name}: {exc}")
-    url, _ = open_db()
-    with connect(url) as conn:
+        raise Refused(f"{file.name}: {exc}") from None
+    with connect_db() as conn:
         try:
             result = importer.run(conn, raw, rail=rail, profile=chosen, file_name=file.name, apply=apply,
-                                  lag_seconds=lag_minutes * 60, period=period)
+                                  lag_seconds=lag, period=period)
         except BadFile as exc:
-            fail(f"{file.name}: {exc}")
+            raise Refused(f"{file.name}: {exc}") from None
         except importer.Busy as exc:
-            fail(str(exc))
+            raise Refused(str(exc)) from None
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(result))
-    click.echo(json.dumps(result, indent=2) if as_json else report.render(result))
+    emit(result, True) if as_json else echo_text(report.render(result))
 
 
 def _period(start: str | None, end: str | None):
@@ -123,44 +122,36 @@ def _check_writable(path: Path) -> None:
 
 
 @statements.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
 def list_(as_json: bool, limit: int) -> None:
     """Recorded statements, newest first."""
-    from vpay.base.db import connect
     from vpay.statements.importer import list_statements
-    url, _ = open_db()
-    with connect(url) as conn:
+    with connect_db() as conn:
         rows = list_statements(conn, limit)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        emit(rows, True)
         return
-    if not rows:
-        click.echo("(none)")  # as every other list command
-        return
-    click.echo(f"{'statement':<28} {'rail':<6} {'lines':>7}  {'period':<53} outcomes")
-    for r in rows:
-        period = f"{r['period']['start'] or '-'} .. {r['period']['end'] or '-'}"
-        outcomes = ", ".join(f"{k} {v}" for k, v in r["outcomes"].items())
-        click.echo(f"{r['statement']:<28} {r['rail']:<6} {r['lines']:>7}  {period:<53} {outcomes}")
+    emit([{"statement": r["statement"], "rail": r["rail"], "lines": r["lines"],
+           "period_start": r["period"]["start"], "period_end": r["period"]["end"],
+           "outcomes": ", ".join(f"{k} {v}" for k, v in r["outcomes"].items())} for r in rows], False,
+         ("statement", "rail", "lines", "period_start", "period_end", "outcomes"))
 
 
 @statements.command("show")
 @click.argument("statement_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.option("--exceptions-csv", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the exceptions to this CSV file.")
 def show(statement_id: str, as_json: bool, exceptions_csv: Path | None) -> None:
     """One recorded statement: its summary and its exceptions."""
-    from vpay.base.db import connect
     from vpay.statements import importer, report
     if exceptions_csv is not None:
         _check_writable(exceptions_csv)
-    url, _ = open_db()
-    with connect(url) as conn:
+    with connect_db() as conn:
         found = importer.show(conn, statement_id)
     if found is None:
-        fail(f"no statement {statement_id!r}")
+        raise NotFound(f"no statement {statement_id!r}")
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(found))
-    click.echo(json.dumps(found, indent=2) if as_json else report.render(found))
+    emit(found, True) if as_json else echo_text(report.render(found))

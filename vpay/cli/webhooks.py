@@ -2,22 +2,30 @@
 
 ``add --merchant M --url U`` prints the endpoint with its new ``whsec_…``
 secret, the only time the secret is shown; ``list``, ``disable``, ``enable``
-and ``rotate-secret`` never print an old secret. Output is JSON on stdout
-(logs go to stderr). Exit codes: 0 done, 1 unknown endpoint, 2 usage
-error (a refused URL or an unknown merchant), 78 configuration refused.
-URL policy: ``vpay.webhooks.check_url`` (https to public addresses only,
-unless ``VPAY_WEBHOOKS_ALLOW_PRIVATE=1``).
+and ``rotate-secret`` never print an old secret. A table by default, JSON
+with ``--json`` (logs go to stderr). Exit codes: 0 done, 1 an unknown
+endpoint or merchant (nothing changed), 2 usage error (a refused URL, a bad
+flag), 69 database unavailable, 78 configuration refused.
+
+URL policy: ``vpay.webhooks.check_url`` (https to public addresses only).
+``VPAY_WEBHOOKS_ALLOW_PRIVATE=1`` lets http and loopback/private addresses
+through, for development: it must be set both where the endpoint is added
+(this command) and in the worker's environment, since every delivery checks
+the URL again; a worker without it holds the endpoint.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from datetime import datetime
-
 import click
 
-from vpay.cli.common import open_db
+from vpay.cli.common import Duration, connect_db
+from vpay.cli.errors import NotFound
+from vpay.cli.output import emit, json_option
+
+COLUMNS = ("id", "merchant_id", "url", "enabled", "disabled_reason", "rotating", "created_at")
+
+PRIVATE_HINT = ("; for development on loopback or a private network set VPAY_WEBHOOKS_ALLOW_PRIVATE=1 here "
+                "and in the worker's environment (every delivery checks the URL again)")
 
 
 def _wh():
@@ -26,22 +34,10 @@ def _wh():
     return webhooks
 
 
-def _connect():
-    from vpay.base.db import connect
-    return connect(open_db()[0])
-
-
-def _echo(doc) -> None:
-    def default(value):
-        if isinstance(value, datetime):
-            return value.isoformat()
-        raise TypeError(f"not JSON: {type(value).__name__}")
-    click.echo(json.dumps(doc, indent=2, default=default))
-
-
-def _unknown(endpoint_id: str) -> None:
-    click.echo(f"vpay: no webhook endpoint {endpoint_id!r}", err=True)
-    sys.exit(1)
+def _found(row, endpoint_id: str):
+    if row is None:
+        raise NotFound(f"no webhook endpoint {endpoint_id!r}")
+    return row
 
 
 @click.group()
@@ -53,62 +49,71 @@ def webhooks() -> None:
 @click.option("--merchant", required=True, help="Merchant id.")
 @click.option("--url", required=True,
               help="https URL resolving to public addresses (http and private addresses only "
-                   "with VPAY_WEBHOOKS_ALLOW_PRIVATE=1).")
-def add(merchant: str, url: str) -> None:
+                   "with VPAY_WEBHOOKS_ALLOW_PRIVATE=1, here and in the worker).")
+@json_option
+def add(merchant: str, url: str, as_json: bool) -> None:
     """Register an endpoint; print it with its secret (shown only this once)."""
     wh = _wh()
     try:
-        with _connect() as conn:
+        with connect_db() as conn:
             endpoint = wh.add_endpoint(conn, merchant, url)
     except wh.UrlRefused as exc:
-        raise click.BadParameter(str(exc), param_hint="--url") from None
+        text = str(exc)
+        if not wh.allow_private() and "VPAY_WEBHOOKS_ALLOW_PRIVATE" in text:
+            text += " (development only; set it here and in the worker's environment: every delivery checks the URL again)"
+        elif not wh.allow_private() and ("loopback" in text or "private" in text):
+            text += PRIVATE_HINT
+        raise click.BadParameter(text, param_hint="--url") from None
     except LookupError as exc:
-        raise click.BadParameter(str(exc), param_hint="--merchant") from None
-    _echo(endpoint)
+        raise NotFound(f"{exc}: create it with vpay-server merchants create --id {merchant}") from None
+    emit(endpoint, as_json)
     click.echo("vpay: store the secret now; it is not shown again (rotate-secret makes a new one)",
                err=True)
 
 
 @webhooks.command("list")
 @click.option("--merchant", default=None, help="Only this merchant's endpoints.")
-def list_(merchant: str | None) -> None:
-    """Endpoints as JSON, without secrets."""
-    with _connect() as conn:
-        _echo(_wh().list_endpoints(conn, merchant))
+@json_option
+def list_(merchant: str | None, as_json: bool) -> None:
+    """Endpoints, without secrets."""
+    with connect_db() as conn:
+        rows = _wh().list_endpoints(conn, merchant)
+        from vpay.money.merchants import merchant_exists
+        if merchant is not None and not rows and not merchant_exists(conn, merchant):
+            raise NotFound(f"no merchant {merchant!r}")
+    emit(rows, as_json, COLUMNS)
 
 
 @webhooks.command("disable")
 @click.argument("endpoint_id")
-def disable(endpoint_id: str) -> None:
+@json_option
+def disable(endpoint_id: str, as_json: bool) -> None:
     """Stop deliveries to an endpoint; its pending deliveries end unsent."""
-    with _connect() as conn:
-        row = _wh().disable_endpoint(conn, endpoint_id, "disabled by an operator")
-    if row is None:
-        _unknown(endpoint_id)
-    _echo(row)
+    with connect_db() as conn:
+        row = _found(_wh().disable_endpoint(conn, endpoint_id, "disabled by an operator"), endpoint_id)
+    emit(row, as_json)
 
 
 @webhooks.command("enable")
 @click.argument("endpoint_id")
-def enable(endpoint_id: str) -> None:
+@json_option
+def enable(endpoint_id: str, as_json: bool) -> None:
     """Deliver to an endpoint again. After a URL-policy hold, what waited is
     re-queued (printed as requeued); otherwise events from now on."""
-    with _connect() as conn:
-        row = _wh().enable_endpoint(conn, endpoint_id)
-    if row is None:
-        _unknown(endpoint_id)
-    _echo(row)
+    with connect_db() as conn:
+        row = _found(_wh().enable_endpoint(conn, endpoint_id), endpoint_id)
+    emit(row, as_json)
 
 
 @webhooks.command("rotate-secret")
 @click.argument("endpoint_id")
-@click.option("--overlap-hours", type=click.FloatRange(min=0), default=24.0, show_default=True,
-              help="How long the old secret keeps signing next to the new one; 0 revokes it now.")
-def rotate_secret(endpoint_id: str, overlap_hours: float) -> None:
+@click.option("--overlap-hours", "overlap", type=Duration(bare="h"), default="24h", show_default=True,
+              help="How long the old secret keeps signing next to the new one (hours, or 30m, 2d); "
+                   "0 revokes it now.")
+@json_option
+def rotate_secret(endpoint_id: str, overlap: float, as_json: bool) -> None:
     """Give an endpoint a new secret; print it (shown only this once)."""
-    with _connect() as conn:
-        row = _wh().rotate_secret(conn, endpoint_id, overlap_hours * 3600.0)
-    if row is None:
-        _unknown(endpoint_id)
-    _echo(row)
+    with connect_db() as conn:
+        row = _found(_wh().rotate_secret(conn, endpoint_id, overlap), endpoint_id)
+    emit(row, as_json)
     click.echo("vpay: store the secret now; it is not shown again", err=True)

@@ -13,22 +13,26 @@ import sys
 
 import click
 
+from vpay import __version__
 import vpay.money  # noqa: F401  (its lanes: --queues and the split read them)
 from vpay.base import logs
-from vpay.cli.common import EX_UNAVAILABLE, _unavailable_line, fail, log_level, log_level_option, open_db, refuse
+from vpay.cli.common import Duration, PORT, log_level, log_level_option, open_database, refuse
+from vpay.cli.errors import Unavailable, _unavailable_line
 
 log = logging.getLogger("vpay.cli")
 
 
 @click.command()
+@click.version_option(__version__, "--version", prog_name="vpay-worker", message="%(prog)s %(version)s")
 @click.option("--worker-concurrency", type=int, default=4, show_default=True,
               help="Claim loops in this process (at most MAX_CONNECTIONS // 2 = 5).")
-@click.option("--shutdown-grace-seconds", type=float, default=30.0, show_default=True,
-              help="After SIGTERM, how long in-flight jobs may take before their leases are released.")
-@click.option("--lease-seconds", type=float, default=300.0, show_default=True,
-              help="A lease older than this is reaped (RecoveryPolicy.lease).")
-@click.option("--idle-sleep", type=float, default=1.0, show_default=True,
-              help="Seconds a claim loop sleeps when nothing is due.")
+@click.option("--shutdown-grace-seconds", type=Duration(bare="s"), default="30s", show_default=True,
+              help="After SIGTERM, how long in-flight jobs may take before their leases are released "
+                   "(seconds, or with a unit: 30s, 2m).")
+@click.option("--lease-seconds", type=Duration(minimum=0.001, bare="s"), default="300s", show_default=True,
+              help="A lease older than this is reaped (RecoveryPolicy.lease; seconds, or 5m).")
+@click.option("--idle-sleep", type=Duration(minimum=0.001, bare="s"), default="1s", show_default=True,
+              help="How long a claim loop sleeps when nothing is due (seconds, or 1s, 0.5s).")
 @click.option("--worker-id", default=None, help="Lease owner name [default: <hostname>:<pid>].")
 @click.option("--queues", envvar="VPAY_WORKER_QUEUES", default=None, metavar="LANE,...",
               help="Lanes this worker claims from: mtn, orange, webhooks, housekeeping "
@@ -38,7 +42,7 @@ log = logging.getLogger("vpay.cli")
               help="Exact claim loops for some lanes, within --worker-concurrency; the other lanes "
                    "share the rest [env VPAY_WORKER_LANE_CONCURRENCY; default split: "
                    "docs/flows/reconciler.md, Lanes].")
-@click.option("--metrics-port", type=int, default=None, envvar="VPAY_METRICS_PORT",
+@click.option("--metrics-port", type=PORT, default=None, envvar="VPAY_METRICS_PORT",
               help="Serve Prometheus metrics on this port (/metrics) [default: off; env VPAY_METRICS_PORT].")
 @click.option("--metrics-bind", default="127.0.0.1", show_default=True, envvar="VPAY_METRICS_BIND",
               help="Address the metrics port listens on [env VPAY_METRICS_BIND].")
@@ -51,7 +55,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     """The reconciler worker: claims jobs, polls rails, drains on SIGTERM.
 
     Its --worker-concurrency claim loops are split among the lanes it serves
-    (--queues), each lane with loops of its own; see vpay/engine/lanes.py.
+    (--queues), each lane with loops of its own; see vpay/lanes.py.
 
     Exit codes: 0 clean drain, 1 timed-out drain (leases released), 2 usage
     error, 78 configuration refused, 69 database unreachable at boot, 70 a
@@ -101,16 +105,19 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         log.warning("no rail is configured (VPAY_MTN_*, VPAY_ORANGE_*): payment jobs will wait")
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     collector = _serve_metrics(metrics_port, metrics_bind)
+    import psycopg
     from psycopg_pool import PoolTimeout
     try:
-        _, pool = open_db(pool_size=MAX_CONNECTIONS)
-    except PoolTimeout as exc:
+        # The same bound and message as every command (VPAY_DATABASE_OPEN_TIMEOUT_SECONDS).
+        _, pool = open_database(pool_size=MAX_CONNECTIONS)
+    except (psycopg.OperationalError, PoolTimeout) as exc:
         # Not a drain (1) and not a refused configuration (78): systemd retries.
-        log.error("database unreachable at boot", extra={"error": str(exc)[:300]})
+        line = _unavailable_line(exc)
+        log.error("database unreachable at boot", extra={"error": line})
         for handler in logging.getLogger().handlers:
             handler.flush()
         # Like every other refusal: one ``vpay:`` line on stderr too.
-        fail(_unavailable_line(exc), EX_UNAVAILABLE)
+        raise Unavailable(line) from None
     if collector is not None:
         collector.pool = pool
     handler_ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
@@ -156,12 +163,8 @@ def _serve_metrics(port: int | None, bind: str):
     ``None`` when metrics are off."""
     if port is None:
         return None
-    if not 1 <= port <= 65535:
-        refuse(f"--metrics-port {port} is not a TCP port (1..65535)")
     from vpay.base import metrics
-    from vpay.engine import lanes
-    from vpay.money.gauges import DatabaseCollector
-    collector = DatabaseCollector(lanes=lanes.LANES)
+    collector = metrics.DatabaseCollector(lanes=metrics.LANES)
     try:
         metrics.serve(port, bind, collector)
     except OSError as exc:

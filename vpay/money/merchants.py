@@ -82,6 +82,11 @@ def revoke_api_key(conn: psycopg.Connection, key_id: str) -> str | None:
     return row[1] if row else None
 
 
+def merchant_exists(conn: psycopg.Connection, merchant_id: str) -> bool:
+    """Whether ``merchant_id`` names a merchant."""
+    return bool(conn.execute(Q["merchant_exists"], {"id": merchant_id}).fetchone()[0])
+
+
 def list_merchants(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Every merchant with its keys' ids and dates (never a secret), as
     JSON-ready dicts: ``[{id, name, created_at, keys: [{id, created_at,

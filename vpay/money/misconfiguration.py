@@ -54,6 +54,24 @@ def failure_kind(failure_code: str | None) -> str:
     return PAYER
 
 
+def code_of(reason: str | None, http_status: int | None = None) -> str:
+    """The code a refusal is known by: the rail's own (``LOGIN_FAILED``),
+    else ``HTTP_<status>``, else ``UNKNOWN``. The alert's ``details.code``
+    and what a command names when it refuses (``refusal``)."""
+    return reason or (f"HTTP_{http_status}" if http_status else "UNKNOWN")
+
+
+def refusal(answer: Any) -> dict[str, Any] | None:
+    """``{"code": …}`` when a rail's ``Submit`` answer refused our
+    configuration, else None: what ``create_and_submit`` hands its caller
+    under ``rail_refusal``, so that a command names this payment's cause
+    and not the codes of older open alerts of the same rail."""
+    from vpay.rails.port import SubmitKind
+    if getattr(answer, "kind", None) is not SubmitKind.MISCONFIGURED:
+        return None
+    return {"code": code_of(answer.reason, answer.http_status)}
+
+
 def alert(conn: psycopg.Connection, rail: str, code: str | None, *, operation: str,
           http_status: int | None = None, charge_id: str | None = None,
           refund_id: str | None = None, effect: str) -> bool:
@@ -64,7 +82,7 @@ def alert(conn: psycopg.Connection, rail: str, code: str | None, *, operation: s
     ``refund``, ``refund_status``); ``effect`` what it did to the payment
     (``failed``, ``kept_pending``). One open alert per (rail, code): answers
     whether this call wrote it. Never raises for a duplicate."""
-    code = code or (f"HTTP_{http_status}" if http_status else "UNKNOWN")
+    code = code_of(code, http_status)
     details: dict[str, Any] = {"rail": rail, "code": code, "operation": operation,
                                "http_status": http_status, "effect": effect,
                                "refund_id": refund_id}
@@ -80,5 +98,6 @@ def alert(conn: psycopg.Connection, rail: str, code: str | None, *, operation: s
 
 def open_codes(conn: psycopg.Connection, rail: str) -> list[str]:
     """The rail's codes of the open ``rail_misconfigured`` alerts of
-    ``rail``, newest first (what a command names when it refuses)."""
+    ``rail``, newest first. Not the cause of one payment's refusal (an
+    older alert may still be open): that is ``refusal``."""
     return [row[0] for row in conn.execute(Q["open_misconfiguration_codes"], {"rail": rail}).fetchall()]

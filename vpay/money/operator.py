@@ -187,7 +187,8 @@ def payment_view(conn: psycopg.Connection, some_id: str) -> dict[str, Any] | Non
             Q["op_charge_polls"], {"keys": [f"poll:{i}" for i in ids]}).fetchall()}
         alerts = cur.execute(Q["op_open_alerts_of_charges"], {"ids": ids}).fetchall()
     for charge in charges:
-        poll = polls.get(charge["id"])
+        # a settled charge's poll has ended, whatever row is left (no next read, no "rail: pending")
+        poll = polls.get(charge["id"]) if charge.get("status") in ("pending", "unresolved") else None
         if poll is not None and poll["next_read_at"] is not None:
             poll["next_read_at"] = poll["next_read_at"].isoformat()
         charge["poll"] = poll

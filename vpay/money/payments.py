@@ -102,7 +102,9 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
                       intent_id: str | None = None,
                       slots: threading.Semaphore | None = None) -> dict[str, Any]:
     """Create (one transaction) then submit. Answers ``{"payment_intent",
-    "charge"}`` as merchant-facing JSON, read back after the submit. Raises
+    "charge"}`` as merchant-facing JSON, read back after the submit, and
+    ``rail_refusal`` (``{"code"}``, ``misconfiguration.refusal``) when the
+    rail refused our configuration for this very request. Raises
     ``charges.InvalidPayment`` on bad input (nothing written) and
     ``RailError`` when the rail is not configured (checked before writing).
     ``intent_id``: see ``charges.create_payment``. ``slots`` (the API's): when
@@ -118,11 +120,12 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
                                        intent_id=intent_id)
     testhooks.pause("after_charge_commit")
     with pool.connection() as conn:
+        answer = None
         if slots is None:
-            submit(conn, adapter, created.charge, description)
+            answer = submit(conn, adapter, created.charge, description)
         elif slots.acquire(blocking=False):
             try:
-                submit(conn, adapter, created.charge, description)
+                answer = submit(conn, adapter, created.charge, description)
             finally:
                 slots.release()
         else:
@@ -131,4 +134,8 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
             log.warning("every rail slot of this process is busy: request-to-pay left to the worker",
                         extra={"charge_id": created.charge["id"], "rail": rail})
         shown = charges.show(conn, created.intent["id"])
-    return {"payment_intent": shown["payment_intent"], "charge": shown["charges"][0]}
+    result = {"payment_intent": shown["payment_intent"], "charge": shown["charges"][0]}
+    refused = misconfiguration.refusal(answer)
+    if refused is not None:
+        result["rail_refusal"] = refused
+    return result

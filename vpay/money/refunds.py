@@ -270,7 +270,8 @@ def show(conn: psycopg.Connection, refund_id: str) -> dict[str, Any] | None:
 def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, charge_id: str,
                       amount: int | None = None, reason: str | None = None) -> dict[str, Any]:
     """Create (one transaction), then submit, then read back. Answers
-    ``{"refund": refund_view}``. Raises ``InvalidRefund`` (nothing written)
+    ``{"refund": refund_view}``, with ``rail_refusal`` (``{"code"}``) when
+    the rail refused our configuration for this request. Raises ``InvalidRefund`` (nothing written)
     and ``RailError`` when the charge's rail is not configured (checked
     before writing)."""
     with pool.connection() as conn:
@@ -280,8 +281,12 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
         created = create_refund(conn, charge_id=charge_id, amount=amount, reason=reason)
     testhooks.pause("after_refund_commit")
     with pool.connection() as conn:
-        submit(conn, adapter, load_refund(conn, created["id"]))
-        return {"refund": refund_view(load_refund(conn, created["id"]))}
+        answer = submit(conn, adapter, load_refund(conn, created["id"]))
+        result = {"refund": refund_view(load_refund(conn, created["id"]))}
+    refused = misconfiguration.refusal(answer)
+    if refused is not None:
+        result["rail_refusal"] = refused
+    return result
 
 
 REFUNDS = Pollable(
