@@ -245,7 +245,7 @@ def test_a_second_apply_on_the_same_rail_is_refused_in_one_line_while_one_runs(d
 
 
 def test_a_deadlock_or_a_lock_timeout_is_named_as_such_never_as_an_unreachable_database():
-    from vpay.cli.common import translate
+    from vpay.cli.errors import translate
     for exc in (psycopg.errors.DeadlockDetected("deadlock detected DETAIL: while locking tuple in relation "
                                                 "\"charges\""),
                 psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")):

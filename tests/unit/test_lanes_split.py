@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import vpay.money.charges  # noqa: F401  (the domain registers its lanes: vpay.money.lanes)
+import vpay.money  # noqa: F401  (the domain registers its lanes: vpay.money.lanes)
 from vpay.engine import lanes
 from vpay.engine.lanes import LaneError, lane_for, parse_lane_concurrency, parse_queues, split
 

@@ -16,7 +16,7 @@ import click
 from vpay import __version__
 import vpay.money  # noqa: F401  (its lanes: --queues and the split read them)
 from vpay.base import logs
-from vpay.cli.common import Duration, PORT, log_level, log_level_option, open_database, refuse
+from vpay.cli.common import Duration, log_level, log_level_option, open_database, refuse
 from vpay.cli.errors import Unavailable, _unavailable_line
 
 log = logging.getLogger("vpay.cli")
@@ -42,7 +42,7 @@ log = logging.getLogger("vpay.cli")
               help="Exact claim loops for some lanes, within --worker-concurrency; the other lanes "
                    "share the rest [env VPAY_WORKER_LANE_CONCURRENCY; default split: "
                    "docs/flows/reconciler.md, Lanes].")
-@click.option("--metrics-port", type=PORT, default=None, envvar="VPAY_METRICS_PORT",
+@click.option("--metrics-port", type=int, default=None, envvar="VPAY_METRICS_PORT",
               help="Serve Prometheus metrics on this port (/metrics) [default: off; env VPAY_METRICS_PORT].")
 @click.option("--metrics-bind", default="127.0.0.1", show_default=True, envvar="VPAY_METRICS_BIND",
               help="Address the metrics port listens on [env VPAY_METRICS_BIND].")
@@ -64,6 +64,13 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     # vpay-worker: its own --log-level or VPAY_LOG_LEVEL; vpay-server worker:
     # the group's level unless this command's flag names one.
     logs.setup(log_level(level) if level or ctx.parent is None else None, stream=sys.stdout)
+    if metrics_port is not None and not 1 <= metrics_port <= 65535:
+        # the flag is a usage error (2); the same value from VPAY_METRICS_PORT is
+        # the deployment's configuration, refused at boot (78)
+        if ctx.get_parameter_source("metrics_port") is click.core.ParameterSource.ENVIRONMENT:
+            refuse(f"--metrics-port {metrics_port} is not a TCP port (1..65535; from VPAY_METRICS_PORT)")
+        raise click.BadParameter(f"{metrics_port} is not a TCP port (1..65535)", ctx,
+                                 param_hint="'--metrics-port'")
     from vpay.base.db import MAX_CONNECTIONS
     # Refused before any database connection: a wrong flag must not touch the fleet.
     if not 1 <= worker_concurrency <= MAX_CONNECTIONS // 2:
@@ -164,7 +171,9 @@ def _serve_metrics(port: int | None, bind: str):
     if port is None:
         return None
     from vpay.base import metrics
-    collector = metrics.DatabaseCollector(lanes=metrics.LANES)
+    from vpay.engine import lanes
+    from vpay.money.gauges import DatabaseCollector
+    collector = DatabaseCollector(lanes=lanes.LANES)
     try:
         metrics.serve(port, bind, collector)
     except OSError as exc:
