@@ -2,7 +2,8 @@
 -- vpay/handlers/webhooks.py). Every "now" is the database's.
 
 -- name: fanout_deliveries
--- One delivery per enabled endpoint of the event's merchant: a
+-- One delivery per enabled endpoint of the event's merchant that receives the
+-- event's type (enabled_events): a
 -- webhook_deliveries row and its deliver:<event_id>:<endpoint_id> job, in one
 -- statement. The delivery row's primary key makes a re-run create nothing
 -- new, even after the deliver jobs have finished (issue: fan-out, idempotent).
@@ -12,6 +13,8 @@ WITH targets AS (
       JOIN payment_intents i ON i.id = e.payment_intent_id
       JOIN webhook_endpoints w ON w.merchant_id = i.merchant_id AND w.enabled
      WHERE e.id = %(event_id)s
+       -- enabled_events: '*' (the default) or the event types it receives
+       AND ('*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events))
 ), recorded AS (
     INSERT INTO webhook_deliveries (event_id, endpoint_id)
     SELECT event_id, endpoint_id FROM targets
