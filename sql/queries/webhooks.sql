@@ -55,14 +55,34 @@ ON CONFLICT (event_id, endpoint_id) DO UPDATE
        delivered_at = COALESCE(webhook_deliveries.delivered_at, EXCLUDED.delivered_at);
 
 -- name: webhook_endpoint_insert
-INSERT INTO webhook_endpoints (id, merchant_id, url, secret)
-VALUES (%(id)s, %(merchant_id)s, %(url)s, %(secret)s)
-RETURNING id, merchant_id, url, enabled, created_at;
+INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled_events, description)
+VALUES (%(id)s, %(merchant_id)s, %(url)s, %(secret)s, %(enabled_events)s, %(description)s)
+RETURNING id, merchant_id, url, enabled, enabled_events, description, created_at;
+
+-- name: webhook_endpoint_lock_merchant
+-- Taken before counting a merchant's endpoints, so that two concurrent
+-- registrations cannot both pass the per-merchant limit.
+SELECT (SELECT count(*) FROM webhook_endpoints WHERE merchant_id = m.id) AS endpoints
+  FROM merchants m WHERE m.id = %(merchant_id)s
+   FOR UPDATE;
+
+-- name: webhook_endpoint_get
+-- One endpoint of one merchant, never its secret.
+SELECT id, merchant_id, url, enabled, enabled_events, description, disabled_at, disabled_reason,
+       previous_secret_expires_at > now() AS rotating, previous_secret_expires_at, created_at
+  FROM webhook_endpoints
+ WHERE id = %(id)s AND merchant_id = %(merchant_id)s;
+
+-- name: webhook_endpoint_delete
+-- Its deliveries go with it (ON DELETE CASCADE); a deliver job still queued
+-- finds no endpoint and ends (handlers/webhooks.py, "event or endpoint gone").
+DELETE FROM webhook_endpoints WHERE id = %(id)s AND merchant_id = %(merchant_id)s
+RETURNING id;
 
 -- name: webhook_endpoint_list
 -- Never the secrets.
-SELECT id, merchant_id, url, enabled, disabled_at, disabled_reason,
-       previous_secret_expires_at > now() AS rotating, created_at
+SELECT id, merchant_id, url, enabled, enabled_events, description, disabled_at, disabled_reason,
+       previous_secret_expires_at > now() AS rotating, previous_secret_expires_at, created_at
   FROM webhook_endpoints
  WHERE %(merchant_id)s::text IS NULL OR merchant_id = %(merchant_id)s
  ORDER BY merchant_id, created_at, id;
@@ -90,5 +110,6 @@ UPDATE webhook_endpoints
        previous_secret_expires_at = CASE WHEN %(overlap)s > 0
                                          THEN now() + make_interval(secs => %(overlap)s) END,
        secret = %(secret)s
- WHERE id = %(id)s
-RETURNING id, merchant_id, url, enabled, previous_secret_expires_at;
+ WHERE id = %(id)s AND (%(merchant_id)s::text IS NULL OR merchant_id = %(merchant_id)s)
+RETURNING id, merchant_id, url, enabled, enabled_events, description, previous_secret_expires_at,
+          created_at;

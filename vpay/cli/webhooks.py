@@ -62,6 +62,9 @@ def add(merchant: str, url: str) -> None:
             endpoint = wh.add_endpoint(conn, merchant, url)
     except wh.UrlRefused as exc:
         raise click.BadParameter(str(exc), param_hint="--url") from None
+    except wh.EndpointLimitReached as exc:
+        click.echo(f"vpay: {exc} (MAX_ENDPOINTS_PER_MERCHANT): remove one first", err=True)
+        sys.exit(1)
     except LookupError as exc:
         raise click.BadParameter(str(exc), param_hint="--merchant") from None
     _echo(endpoint)
