@@ -149,7 +149,8 @@ SELECT id, type, payment_intent_id, data, created_at FROM events
 
 -- name: api_list_events_older
 -- delivered: NULL (every event), false (some delivery to an endpoint of the
--- merchant did not arrive: pending, retrying, skipped, gone or dead-lettered),
+-- merchant did not arrive: pending, retrying, skipped, gone or dead-lettered;
+-- an event no endpoint was to receive has no delivery and is not listed),
 -- true (every delivery arrived, and there was at least one).
 SELECT e.id, e.type, e.payment_intent_id, e.data, e.created_at
   FROM events e
@@ -158,9 +159,11 @@ SELECT e.id, e.type, e.payment_intent_id, e.data, e.created_at
    AND e.created_at >= %(gte)s::timestamptz AND e.created_at <= %(lte)s::timestamptz
    AND e.type LIKE %(type_like)s
    AND (%(delivered)s::boolean IS NULL
-        OR %(delivered)s = (EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id)
-                            AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
-                                             WHERE d.event_id = e.id AND d.status <> 'delivered')))
+        OR (%(delivered)s AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id)
+            AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
+                             WHERE d.event_id = e.id AND d.status <> 'delivered'))
+        OR (NOT %(delivered)s AND EXISTS (SELECT 1 FROM webhook_deliveries d
+                                           WHERE d.event_id = e.id AND d.status <> 'delivered')))
  ORDER BY e.created_at DESC, e.id DESC
  LIMIT %(limit)s;
 
@@ -172,9 +175,11 @@ SELECT e.id, e.type, e.payment_intent_id, e.data, e.created_at
    AND e.created_at >= %(gte)s::timestamptz AND e.created_at <= %(lte)s::timestamptz
    AND e.type LIKE %(type_like)s
    AND (%(delivered)s::boolean IS NULL
-        OR %(delivered)s = (EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id)
-                            AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
-                                             WHERE d.event_id = e.id AND d.status <> 'delivered')))
+        OR (%(delivered)s AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id)
+            AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
+                             WHERE d.event_id = e.id AND d.status <> 'delivered'))
+        OR (NOT %(delivered)s AND EXISTS (SELECT 1 FROM webhook_deliveries d
+                                           WHERE d.event_id = e.id AND d.status <> 'delivered')))
  ORDER BY e.created_at, e.id
  LIMIT %(limit)s;
 
