@@ -29,7 +29,7 @@ from api_support import MERCHANT, OTHER, make_payment, new_key, running_api
 from support import Proc, TimeMachine, base_env, script, wait_until
 from test_webhooks import Receiver, Reply
 from vpay.api.openapi import DOCUMENT
-from vpay.money import charges, merchants
+from vpay.money import charges
 from vpay.rails.port import StatusKind
 
 pytestmark = pytest.mark.slow
@@ -328,29 +328,26 @@ def _examples() -> list[str]:
     return [b for b in blocks if "curl" in b]
 
 
-def test_the_curl_examples_of_docs_api_md_run_against_the_api(api, db, rx):
+def test_the_curl_examples_of_docs_api_md_run_against_the_api(api, db, rx, tmp_path):
+    """The blocks run in order in one bash (set -euo pipefail; every curl -f,
+    every jq -e), so a block that fails or answers otherwise fails the test.
+    Between taking the payment and refunding it the payment is settled, as
+    the worker would."""
     key = new_key(db)
-    examples = _examples()
-    assert len(examples) >= 6
-    env = base_env(api.db_url, VPAY=api.url, SK=key, HOOK_URL=rx.url("/docs"), PATH=base_env("")["PATH"])
-    shell = "set -euo pipefail\n"
-    for i, block in enumerate(examples):
-        shell += block
-        if "PI=$(" in block:  # the docs' payment: settled as the worker would
-            shell += 'echo "$PI" > "$STATE/pi"\n'
-    state = Path(db.info.dbname)  # unused name, replaced below
-    del state
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        env["STATE"] = tmp
-        # the payment must have succeeded before the refund block: settle it between blocks
-        parts = shell.split("# --- refund ---")
-        first = subprocess.run(["bash", "-c", parts[0]], env=env, capture_output=True, text=True, timeout=120)
-        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-        pi = Path(tmp, "pi").read_text().strip()
-        charge = db.execute("SELECT id FROM charges WHERE payment_intent_id = %s", (pi,)).fetchone()[0]
-        charges.settle(db, charge, StatusKind.SUCCEEDED)
-        rest = subprocess.run(["bash", "-c", "set -euo pipefail\nPI=" + pi + "\n" + parts[1]], env=env,
+    blocks = _examples()
+    assert len(blocks) >= 5 and any("# --- refund ---" in b for b in blocks)
+    cut = next(i for i, b in enumerate(blocks) if "# --- refund ---" in b)
+    env = base_env(api.db_url, VPAY=api.url, SK=key, HOOK_URL=rx.url("/docs"))
+
+    def run(script_text: str) -> None:
+        done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script_text], env=env,
                               capture_output=True, text=True, timeout=120)
-        assert rest.returncode == 0, rest.stdout[-3000:] + rest.stderr[-3000:]
-    assert merchants  # the key came from vpay.money.merchants (new_key)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    run("".join(blocks[:cut]) + f'echo "$PI" > {tmp_path}/pi\n')
+    pi = (tmp_path / "pi").read_text().strip()
+    charge = db.execute("SELECT id FROM charges WHERE payment_intent_id = %s", (pi,)).fetchone()[0]
+    assert charges.settle(db, charge, StatusKind.SUCCEEDED).transitioned
+    run(f"PI={pi}\n" + "".join(blocks[cut:]))
+    assert db.execute("SELECT amount FROM refunds").fetchall() == [(500,)]
+    assert db.execute("SELECT count(*) FROM webhook_endpoints").fetchone()[0] == 0  # created, then deleted
