@@ -95,17 +95,24 @@ def main() -> None:
     parser.add_argument("--reads", type=int, default=300, help="requests per list kind")
     parser.add_argument("--creates", type=int, default=400)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure on the database a previous run set up (no setup)")
+    parser.add_argument("--only", default=None, help="measure one kind only (e.g. 'list created')")
     args = parser.parse_args()
 
     from vpay.money import merchants
     from vpay.sandbox.mtn import DEFAULT_API_KEY, DEFAULT_API_USER, DEFAULT_SUBSCRIPTION_KEY, SandboxRail
 
-    url = fresh(server(), "vpay_bench_api")
     started = time.monotonic()
+    if args.reuse:
+        url = psycopg.conninfo.make_conninfo(server(), dbname="vpay_bench_api")
+    else:
+        url = fresh(server(), "vpay_bench_api")
     with psycopg.connect(url, autocommit=True) as conn:
-        with conn.transaction():
-            conn.execute(SETUP.replace("%(n)s", str(int(args.intents))))
-        conn.execute("ANALYZE")
+        if not args.reuse:
+            with conn.transaction():
+                conn.execute(SETUP.replace("%(n)s", str(int(args.intents))))
+            conn.execute("ANALYZE")
         key = merchants.create_api_key(conn, "big")[1]
         load = os.getloadavg()[0]
     setup_s = time.monotonic() - started
@@ -139,29 +146,36 @@ def main() -> None:
         for _ in range(20):  # warm both workers' pools and plans
             get(limit=100)
         results = {}
-        results["list first"] = _stats([get(limit=100) for _ in range(args.reads)])
-        results["list deep"] = _stats([get(limit=100, starting_after=f"pi_big{rng.randint(200, args.intents):09d}")
+        wanted = (lambda kind: args.only in (None, kind))  # noqa: E731
+        if wanted("list first"):
+            results["list first"] = _stats([get(limit=100) for _ in range(args.reads)])
+        if wanted("list deep"):
+            results["list deep"] = _stats([get(limit=100, starting_after=f"pi_big{rng.randint(200, args.intents):09d}")
                                        for _ in range(args.reads)])
-        results["list status"] = _stats([get(limit=100, status="succeeded") for _ in range(args.reads)])
+        if wanted("list status"):
+            results["list status"] = _stats([get(limit=100, status="succeeded") for _ in range(args.reads)])
         now = int(time.time())
 
         def window():
             start = now - rng.randint(86400, max(86401, args.intents))
             return get(limit=100, **{"created[gte]": str(start), "created[lte]": str(start + 86400)})
-        results["list created"] = _stats([window() for _ in range(args.reads)])
-        results["events"] = _stats([_timed(lambda: session.get(f"{base}/v1/events", params={"limit": 100},
+        if wanted("list created"):
+            results["list created"] = _stats([window() for _ in range(args.reads)])
+        if wanted("events"):
+            results["events"] = _stats([_timed(lambda: session.get(f"{base}/v1/events", params={"limit": 100},
                                                                headers=auth, timeout=30))
                                     for _ in range(args.reads)])
         body = {"amount": 1500, "currency": "EUR", "payment_method": {"type": "mtn_momo", "msisdn": "256770000001"}}
 
         def create(_):
             return _timed(lambda: requests.post(f"{base}/v1/payment_intents", json=body, headers=auth, timeout=30))
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(create, range(16)))  # warm
-            t0 = time.perf_counter()
-            samples = list(pool.map(create, range(args.creates)))
-            wall = time.perf_counter() - t0
-        results["create c8"] = _stats(samples) | {"per_second": round(args.creates / wall, 1)}
+        if wanted("create c8"):
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(create, range(16)))  # warm
+                t0 = time.perf_counter()
+                samples = list(pool.map(create, range(args.creates)))
+                wall = time.perf_counter() - t0
+            results["create c8"] = _stats(samples) | {"per_second": round(args.creates / wall, 1)}
         plan = None
         with psycopg.connect(url) as conn:
             plan = [r[0] for r in conn.execute(

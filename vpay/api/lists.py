@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable
 
 import falcon
@@ -159,6 +159,13 @@ def run_page(conn, listing: Listing, page: Page, params: dict[str, Any], url: st
             pair = {"t": row["created_at"], "id": row["id"]}
         else:
             pair = {"t": _INFINITY_FUTURE, "id": ""}
+        if page.before is None and isinstance(page.lte, datetime):
+            # Start the backward walk at created[lte] itself: (t, id) < (lte + 1 µs, '') is
+            # created_at <= lte ('' sorts first), and the row bound is the one the index
+            # scan starts from, so a window deep in the history reads only its own rows.
+            bound = page.lte + timedelta(microseconds=1)
+            if cursor_id is None or pair["t"] >= bound:
+                pair = {"t": bound, "id": ""}
         if page.before is not None:
             rows = cur.execute(Q[listing.newer], base | pair).fetchall()
         else:
