@@ -38,6 +38,11 @@ setup(
             # pins requests==2.21.0 and Click==7.0, which cannot install beside
             # vpay (docs/sandbox.md, "Conformance").
             "mtn-momo-client>=2.0.1,<3",
+            # Independent checks of the merchant API's OpenAPI document: the
+            # validator reads it as a spec, schemathesis fuzzes the live API
+            # from it (tests/acceptance/test_merchant_api_schemathesis.py).
+            "openapi-spec-validator>=0.7",
+            "schemathesis>=4,<5",
         ],
         # bench/peers.py holds vpay against a peer queue in the same run; never
         # a runtime dependency.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -70,15 +71,17 @@ class ApiStack:
                                 headers={"Content-Type": "application/json"}, timeout=10)
 
 
-@pytest.fixture(scope="module")
-def api_stack(db_url, tmp_path_factory):
-    """One sandbox rail and one `vpay-server api` for the module (state lives
-    in the database, which ``db`` empties before each test)."""
-    rail = SandboxRail(success_after_seconds=1.0).start()
+@contextmanager
+def running_api(db_url: str, log_dir, rail: SandboxRail | None = None, **extra_env: str):
+    """A sandbox rail (``rail``, else a new one) and `vpay-server api` on a
+    free port with ``extra_env`` added to its environment, until the block
+    ends. Yields an ``ApiStack``."""
+    own_rail = rail is None
+    rail = rail or SandboxRail(success_after_seconds=1.0).start()
     port = free_port()
-    log_path = tmp_path_factory.mktemp("api") / "vpay-server-api.log"
     proc = Proc([script("vpay-server"), "api", "--bind", f"127.0.0.1:{port}", "--workers", "2",
-                 "--threads", "4"], base_env(db_url, **mtn_env(rail, port)), log_path)
+                 "--threads", "4"], base_env(db_url, **mtn_env(rail, port), **extra_env),
+                log_dir / "vpay-server-api.log")
     url = f"http://127.0.0.1:{port}"
 
     def healthy():
@@ -94,7 +97,16 @@ def api_stack(db_url, tmp_path_factory):
         yield ApiStack(url=url, port=port, rail=rail, proc=proc, db_url=db_url)
     finally:
         proc.close()
-        rail.stop()
+        if own_rail:
+            rail.stop()
+
+
+@pytest.fixture(scope="module")
+def api_stack(db_url, tmp_path_factory):
+    """One sandbox rail and one `vpay-server api` for the module (state lives
+    in the database, which ``db`` empties before each test)."""
+    with running_api(db_url, tmp_path_factory.mktemp("api")) as stack_:
+        yield stack_
 
 
 @pytest.fixture

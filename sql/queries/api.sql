@@ -114,3 +114,124 @@ RETURNING key;
 -- name: delete_expired_idempotency_keys
 -- Housekeeping (for the hourly sweep): Idempotency-Key records are kept 24 h.
 DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours';
+
+-- Lists (vpay/api/lists.py): keyset pages on (created_at, id), newest first,
+-- within one merchant, from the (merchant_id, created_at, id) indexes of
+-- sql/0019_merchant_api.sql. Absent bounds come as ±infinity, absent filters
+-- as every value, so each statement keeps one index range.
+
+-- name: api_intent_cursor
+SELECT id, created_at FROM payment_intents WHERE id = %(id)s AND merchant_id = %(merchant_id)s;
+
+-- name: api_list_intents_older
+SELECT i.*, (SELECT c.id FROM charges c WHERE c.payment_intent_id = i.id
+              ORDER BY c.created_at DESC, c.id DESC LIMIT 1) AS latest_charge
+  FROM payment_intents i
+ WHERE i.merchant_id = %(merchant_id)s
+   AND (i.created_at, i.id) < (%(t)s::timestamptz, %(id)s::text)
+   AND i.created_at >= %(gte)s::timestamptz AND i.created_at <= %(lte)s::timestamptz
+   AND i.status = ANY (%(statuses)s::text[])
+ ORDER BY i.created_at DESC, i.id DESC
+ LIMIT %(limit)s;
+
+-- name: api_list_intents_newer
+SELECT i.*, (SELECT c.id FROM charges c WHERE c.payment_intent_id = i.id
+              ORDER BY c.created_at DESC, c.id DESC LIMIT 1) AS latest_charge
+  FROM payment_intents i
+ WHERE i.merchant_id = %(merchant_id)s
+   AND (i.created_at, i.id) > (%(t)s::timestamptz, %(id)s::text)
+   AND i.created_at >= %(gte)s::timestamptz AND i.created_at <= %(lte)s::timestamptz
+   AND i.status = ANY (%(statuses)s::text[])
+ ORDER BY i.created_at, i.id
+ LIMIT %(limit)s;
+
+-- name: api_event_cursor
+SELECT id, created_at FROM events WHERE id = %(id)s AND merchant_id = %(merchant_id)s;
+
+-- name: api_load_event
+SELECT id, type, payment_intent_id, data, created_at FROM events
+ WHERE id = %(id)s AND merchant_id = %(merchant_id)s;
+
+-- name: api_list_events_older
+-- delivered: NULL (every event), false (some delivery to an endpoint of the
+-- merchant did not arrive: pending, retrying, skipped, gone or dead-lettered;
+-- an event no endpoint was to receive has no delivery and is not listed),
+-- true (every delivery arrived, and there was at least one).
+SELECT e.id, e.type, e.payment_intent_id, e.data, e.created_at
+  FROM events e
+ WHERE e.merchant_id = %(merchant_id)s
+   AND (e.created_at, e.id) < (%(t)s::timestamptz, %(id)s::text)
+   AND e.created_at >= %(gte)s::timestamptz AND e.created_at <= %(lte)s::timestamptz
+   AND e.type LIKE %(type_like)s
+   AND (%(delivered)s::boolean IS NULL
+        OR (%(delivered)s AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id)
+            AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
+                             WHERE d.event_id = e.id AND d.status <> 'delivered'))
+        OR (NOT %(delivered)s AND EXISTS (SELECT 1 FROM webhook_deliveries d
+                                           WHERE d.event_id = e.id AND d.status <> 'delivered')))
+ ORDER BY e.created_at DESC, e.id DESC
+ LIMIT %(limit)s;
+
+-- name: api_list_events_newer
+SELECT e.id, e.type, e.payment_intent_id, e.data, e.created_at
+  FROM events e
+ WHERE e.merchant_id = %(merchant_id)s
+   AND (e.created_at, e.id) > (%(t)s::timestamptz, %(id)s::text)
+   AND e.created_at >= %(gte)s::timestamptz AND e.created_at <= %(lte)s::timestamptz
+   AND e.type LIKE %(type_like)s
+   AND (%(delivered)s::boolean IS NULL
+        OR (%(delivered)s AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id)
+            AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
+                             WHERE d.event_id = e.id AND d.status <> 'delivered'))
+        OR (NOT %(delivered)s AND EXISTS (SELECT 1 FROM webhook_deliveries d
+                                           WHERE d.event_id = e.id AND d.status <> 'delivered')))
+ ORDER BY e.created_at, e.id
+ LIMIT %(limit)s;
+
+-- name: api_refund_cursor
+SELECT r.id, r.created_at
+  FROM refunds r JOIN charges c ON c.id = r.charge_id
+  JOIN payment_intents i ON i.id = c.payment_intent_id
+ WHERE r.id = %(id)s AND i.merchant_id = %(merchant_id)s;
+
+-- name: api_load_refund
+-- One merchant's refund (load_refund's columns); another merchant's is not found.
+SELECT r.*, c.rail_reference AS charge_rail_reference, c.payer, c.payment_intent_id
+  FROM refunds r JOIN charges c ON c.id = r.charge_id
+  JOIN payment_intents i ON i.id = c.payment_intent_id
+ WHERE r.id = %(id)s AND i.merchant_id = %(merchant_id)s;
+
+-- name: api_list_refunds_older
+-- A merchant's refunds, or one intent's (payment_intent: '' for all). Refunds
+-- are few per charge; the walk is by the merchant's intents' charges.
+SELECT r.*, c.payment_intent_id
+  FROM refunds r JOIN charges c ON c.id = r.charge_id
+  JOIN payment_intents i ON i.id = c.payment_intent_id
+ WHERE i.merchant_id = %(merchant_id)s
+   AND (%(payment_intent)s = '' OR i.id = %(payment_intent)s)
+   AND (r.created_at, r.id) < (%(t)s::timestamptz, %(id)s::text)
+   AND r.created_at >= %(gte)s::timestamptz AND r.created_at <= %(lte)s::timestamptz
+ ORDER BY r.created_at DESC, r.id DESC
+ LIMIT %(limit)s;
+
+-- name: api_list_refunds_newer
+SELECT r.*, c.payment_intent_id
+  FROM refunds r JOIN charges c ON c.id = r.charge_id
+  JOIN payment_intents i ON i.id = c.payment_intent_id
+ WHERE i.merchant_id = %(merchant_id)s
+   AND (%(payment_intent)s = '' OR i.id = %(payment_intent)s)
+   AND (r.created_at, r.id) > (%(t)s::timestamptz, %(id)s::text)
+   AND r.created_at >= %(gte)s::timestamptz AND r.created_at <= %(lte)s::timestamptz
+ ORDER BY r.created_at, r.id
+ LIMIT %(limit)s;
+
+-- name: api_charge_to_refund
+-- The charge a refund request names, among the merchant's: by its id, or an
+-- intent's latest succeeded charge (the one that took the money), else its
+-- latest charge (which create_refund then refuses as not succeeded).
+SELECT c.id, c.rail, c.payment_intent_id
+  FROM charges c JOIN payment_intents i ON i.id = c.payment_intent_id
+ WHERE i.merchant_id = %(merchant_id)s
+   AND (c.id = %(charge_id)s OR c.payment_intent_id = %(payment_intent_id)s)
+ ORDER BY (c.status = 'succeeded') DESC, c.created_at DESC, c.id DESC
+ LIMIT 1;

@@ -2,7 +2,8 @@
 -- vpay/handlers/webhooks.py). Every "now" is the database's.
 
 -- name: fanout_deliveries
--- One delivery per enabled endpoint of the event's merchant: a
+-- One delivery per enabled endpoint of the event's merchant that receives the
+-- event's type (enabled_events): a
 -- webhook_deliveries row and its deliver:<event_id>:<endpoint_id> job, in one
 -- statement. The delivery row's primary key makes a re-run create nothing
 -- new, even after the deliver jobs have finished (issue: fan-out, idempotent).
@@ -12,6 +13,8 @@ WITH targets AS (
       JOIN payment_intents i ON i.id = e.payment_intent_id
       JOIN webhook_endpoints w ON w.merchant_id = i.merchant_id AND w.enabled
      WHERE e.id = %(event_id)s
+       -- enabled_events: '*' (the default) or the event types it receives
+       AND ('*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events))
 ), recorded AS (
     INSERT INTO webhook_deliveries (event_id, endpoint_id)
     SELECT event_id, endpoint_id FROM targets
@@ -52,14 +55,34 @@ ON CONFLICT (event_id, endpoint_id) DO UPDATE
        delivered_at = COALESCE(webhook_deliveries.delivered_at, EXCLUDED.delivered_at);
 
 -- name: webhook_endpoint_insert
-INSERT INTO webhook_endpoints (id, merchant_id, url, secret)
-VALUES (%(id)s, %(merchant_id)s, %(url)s, %(secret)s)
-RETURNING id, merchant_id, url, enabled, created_at;
+INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled_events, description)
+VALUES (%(id)s, %(merchant_id)s, %(url)s, %(secret)s, %(enabled_events)s, %(description)s)
+RETURNING id, merchant_id, url, enabled, enabled_events, description, created_at;
+
+-- name: webhook_endpoint_lock_merchant
+-- Taken before counting a merchant's endpoints, so that two concurrent
+-- registrations cannot both pass the per-merchant limit.
+SELECT (SELECT count(*) FROM webhook_endpoints WHERE merchant_id = m.id) AS endpoints
+  FROM merchants m WHERE m.id = %(merchant_id)s
+   FOR UPDATE;
+
+-- name: webhook_endpoint_get
+-- One endpoint of one merchant, never its secret.
+SELECT id, merchant_id, url, enabled, enabled_events, description, disabled_at, disabled_reason,
+       previous_secret_expires_at > now() AS rotating, previous_secret_expires_at, created_at
+  FROM webhook_endpoints
+ WHERE id = %(id)s AND merchant_id = %(merchant_id)s;
+
+-- name: webhook_endpoint_delete
+-- Its deliveries go with it (ON DELETE CASCADE); a deliver job still queued
+-- finds no endpoint and ends (handlers/webhooks.py, "event or endpoint gone").
+DELETE FROM webhook_endpoints WHERE id = %(id)s AND merchant_id = %(merchant_id)s
+RETURNING id;
 
 -- name: webhook_endpoint_list
 -- Never the secrets.
-SELECT id, merchant_id, url, enabled, disabled_at, disabled_reason,
-       previous_secret_expires_at > now() AS rotating, created_at
+SELECT id, merchant_id, url, enabled, enabled_events, description, disabled_at, disabled_reason,
+       previous_secret_expires_at > now() AS rotating, previous_secret_expires_at, created_at
   FROM webhook_endpoints
  WHERE %(merchant_id)s::text IS NULL OR merchant_id = %(merchant_id)s
  ORDER BY merchant_id, created_at, id;
@@ -87,5 +110,6 @@ UPDATE webhook_endpoints
        previous_secret_expires_at = CASE WHEN %(overlap)s > 0
                                          THEN now() + make_interval(secs => %(overlap)s) END,
        secret = %(secret)s
- WHERE id = %(id)s
-RETURNING id, merchant_id, url, enabled, previous_secret_expires_at;
+ WHERE id = %(id)s AND (%(merchant_id)s::text IS NULL OR merchant_id = %(merchant_id)s)
+RETURNING id, merchant_id, url, enabled, enabled_events, description, previous_secret_expires_at,
+          created_at;

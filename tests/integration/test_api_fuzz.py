@@ -81,7 +81,7 @@ def test_every_route_of_the_app_is_in_the_openapi_document_and_vice_versa(app, c
             assert op["responses"], (path, method)
             for status, response in op["responses"].items():
                 assert response["description"] and response["content"]["application/json"]["schema"]
-            for param in (p["name"] for p in op.get("parameters", []) if p["in"] == "path"):
+            for param in (p["name"] for p in op.get("parameters", []) if p.get("in") == "path"):
                 assert "{" + param + "}" in path
     served = client.simulate_get("/openapi.json")
     assert served.status_code == 200 and served.json == DOCUMENT

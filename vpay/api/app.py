@@ -6,8 +6,15 @@ uses it (psycopg_pool docs: never across a fork), so gunicorn can load the
 app in its arbiter or in each worker alike. Routes:
 
     POST|PUT /provider/{code}/callback   callbacks.CallbackResource (hints only)
-    POST     /v1/payment_intents         intents.IntentsResource
+    POST|GET /v1/payment_intents         intents.IntentsResource (create; list)
     GET      /v1/payment_intents/{id}    intents.IntentResource
+    POST|GET /v1/refunds                 refunds.RefundsResource (create; list)
+    GET      /v1/refunds/{id}            refunds.RefundResource
+    GET      /v1/events                  events.EventsResource (list)
+    GET      /v1/events/{id}             events.EventResource
+    POST|GET /v1/webhook_endpoints       webhook_endpoints.EndpointsResource
+    GET|DELETE /v1/webhook_endpoints/{id}            webhook_endpoints.EndpointResource
+    POST     /v1/webhook_endpoints/{id}/rotate_secret webhook_endpoints.RotateSecretResource
     GET      /healthz                    200 when the database answers, else 503
     GET      /openapi.json               the OpenAPI 3.1 document (openapi.DOCUMENT)
 """
@@ -197,7 +204,10 @@ def create_app(database_url: str, rail_for: Callable[[str], Rail], settings: Set
     the others leave the request-to-pay to the worker, so health checks,
     callbacks and reads always find a free thread."""
     from vpay.api.callbacks import CallbackResource
+    from vpay.api.events import EventResource, EventsResource
     from vpay.api.intents import IntentResource, IntentsResource
+    from vpay.api.refunds import RefundResource, RefundsResource
+    from vpay.api.webhook_endpoints import EndpointResource, EndpointsResource, RotateSecretResource
 
     db = Database(database_url, timeout=db_timeout)
     rails = Rails(rail_for)
@@ -212,6 +222,13 @@ def create_app(database_url: str, rail_for: Callable[[str], Rail], settings: Set
     slots = threading.BoundedSemaphore(submit_slots) if submit_slots else None
     app.add_route("/v1/payment_intents", IntentsResource(db, rails, settings, slots))
     app.add_route("/v1/payment_intents/{intent_id}", IntentResource(db))
+    app.add_route("/v1/refunds", RefundsResource(db, rails))
+    app.add_route("/v1/refunds/{refund_id}", RefundResource(db))
+    app.add_route("/v1/events", EventsResource(db, settings.retention_days))
+    app.add_route("/v1/events/{event_id}", EventResource(db))
+    app.add_route("/v1/webhook_endpoints", EndpointsResource(db))
+    app.add_route("/v1/webhook_endpoints/{endpoint_id}", EndpointResource(db))
+    app.add_route("/v1/webhook_endpoints/{endpoint_id}/rotate_secret", RotateSecretResource(db))
     app.add_route("/healthz", Health(db))
     app.add_route("/openapi.json", OpenApi())
     app.vpay_db = db

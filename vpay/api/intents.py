@@ -1,5 +1,6 @@
 """The merchant's payment intents: ``POST /v1/payment_intents`` (create and
-confirm) and ``GET /v1/payment_intents/{id}`` (the merchant's own only).
+confirm), ``GET /v1/payment_intents`` (a list page, newest first) and
+``GET /v1/payment_intents/{id}`` (the merchant's own only).
 
 Create: ``{amount, currency, payment_method: {type: "mtn_momo" |
 "orange_money", msisdn}, description?}``, amount an integer in minor units.
@@ -17,24 +18,13 @@ confirms). A rail that refuses the
 request outright still gives 201: the intent then reads
 ``requires_payment_method``.
 
-Idempotency-Key (docs/api.md): per merchant, kept 24 h. The same key and the
-same body replay the first answer byte for byte (``Idempotent-Replayed:
-true``); the same key with another body is 409 ``idempotency_key_reused``.
-Before creating, an "in progress" row is inserted in its own transaction;
-the table's primary key makes one of two concurrent requests the owner and
-the other gets 409 ``idempotency_key_in_use`` at once (``Retry-After: 1``;
-it does not wait). Requests that fail validation store nothing.
-
-The in-progress row names the intent id before the intent exists, so a
-request that died half-way is recovered: once its attempt is older than
-``STALE_SECONDS`` (far beyond any request's duration), the next request with
-the key takes it over and answers from the intent if it was committed, or
-creates it under that same id if it was not. A key never creates two intents.
+Idempotency-Key (docs/api.md): ``vpay.api.idempotency``, shared with
+``POST /v1/refunds``: the same key and body replay the first answer byte for
+byte; a key never creates two intents, even after a request died half-way.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -45,21 +35,16 @@ import falcon
 from psycopg.rows import dict_row
 
 from vpay.money import charges
-from vpay.money.ids import new_id
 from vpay.money.payments import create_and_submit
 from vpay.base.queries import Q
 from vpay.rails.port import RailError
-from vpay.api.errors import IDEMPOTENCY, ApiError, dump, invalid, not_found, unauthorized
+from vpay.api import idempotency
+from vpay.api.errors import ApiError, invalid, not_found, unauthorized
+from vpay.api.lists import Listing, one_of, parse_page, run_page
 from vpay.api.wire import MAX_BODY_BYTES, answer, read_body
 
 log = logging.getLogger("vpay.api.intents")
 
-KEEP_SECONDS = 24 * 3600
-"""Idempotency-Key records are honoured for 24 h from their first use."""
-STALE_SECONDS = 300
-"""An in-progress attempt older than this is presumed dead: a request is
-bounded well below it (rail calls are bounded at about 30 s each)."""
-IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 INTENT_ID = re.compile(r"^pi_[A-Za-z0-9]{1,64}$")
 
 PAYMENT_METHODS = {"mtn_momo": "mtn", "orange_money": "orange"}
@@ -140,9 +125,8 @@ def parse_new_payment(body: bytes, merchant_id: str) -> NewPayment:
                                                           rail, method["msisdn"])
     except charges.InvalidPayment as exc:
         raise invalid("parameter_invalid", str(exc), _PARAMS.get(exc.param, exc.param), status=422) from None
-    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return NewPayment(amount, currency, rail, payer, description,
-                      hashlib.sha256(b"POST /v1/payment_intents\n" + canonical.encode()).hexdigest())
+                      idempotency.fingerprint("POST /v1/payment_intents", doc))
 
 
 def _encodable(text: str) -> bool:
@@ -176,13 +160,11 @@ def load_intent_body(conn, merchant_id: str, intent_id: str) -> dict[str, Any] |
     return intent_body(charges.intent_view(row), row["latest_charge"]) if row else None
 
 
-def _in_use() -> ApiError:
-    return ApiError(409, IDEMPOTENCY, "idempotency_key_in_use",
-                    "Another request with this Idempotency-Key is in progress; retry shortly.",
-                    headers={"Retry-After": "1"})
-
-
 class IntentsResource:
+    """``POST /v1/payment_intents`` (create and confirm) and ``GET
+    /v1/payment_intents`` (the merchant's intents, a list page: docs/api.md,
+    "Lists"; ``status`` filters)."""
+
     merchant_api = True
 
     def __init__(self, db, rails, settings, submit_slots=None):
@@ -191,17 +173,26 @@ class IntentsResource:
         self.settings = settings
         self.submit_slots = submit_slots
 
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        page = parse_page(req, "pi", {"status": one_of("status", STATUSES)})
+        status = page.filters["status"]
+        with self.db.connection() as conn:
+            body = run_page(conn, LISTING, page, {
+                "merchant_id": req.context.merchant_id,
+                "statuses": [status] if status else list(STATUSES)}, "/v1/payment_intents")
+        answer(resp, 200, body)
+
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         merchant_id = req.context.merchant_id
-        key = req.get_header("Idempotency-Key")
-        if key is not None and not IDEMPOTENCY_KEY.match(key):
-            raise invalid("idempotency_key_invalid", "Idempotency-Key must be 1 to 255 printable "
-                          "ASCII characters without spaces.")
+        key = idempotency.header_key(req)
         payment = parse_new_payment(read_body(req, MAX_BODY_BYTES), merchant_id)
         if key is None:
             answer(resp, 201, self._create(merchant_id, payment, None))
             return
-        self._idempotent(resp, merchant_id, key, payment)
+        idempotency.run(self.db, resp, merchant_id=merchant_id, key=key,
+                        request_sha256=payment.fingerprint, prefix="pi",
+                        load=lambda conn, intent_id: load_intent_body(conn, merchant_id, intent_id),
+                        create=lambda intent_id: self._create(merchant_id, payment, intent_id))
 
     def _create(self, merchant_id: str, payment: NewPayment, intent_id: str | None) -> dict[str, Any]:
         try:
@@ -224,85 +215,6 @@ class IntentsResource:
             raise rail_unavailable(payment.rail) from None
         return intent_body(result["payment_intent"], result["charge"]["id"])
 
-    # --- Idempotency-Key ----------------------------------------------------
-
-    def _idempotent(self, resp: falcon.Response, merchant_id: str, key: str,
-                    payment: NewPayment) -> None:
-        ident = {"merchant_id": merchant_id, "key": key}
-        owned: tuple[str, bool] | None = None  # (intent id, fresh)
-        for _ in range(3):  # a record may expire or be swept between two reads
-            with self.db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                claimed = cur.execute(Q["idempotency_claim"], ident | {
-                    "request_sha256": payment.fingerprint, "payment_intent_id": new_id("pi"),
-                    "keep": KEEP_SECONDS}).fetchone()
-                if claimed is not None:
-                    owned = (claimed["payment_intent_id"], True)
-                    break
-                found = cur.execute(Q["idempotency_find"], ident | {
-                    "keep": KEEP_SECONDS, "stale": STALE_SECONDS}).fetchone()
-                if found is None:
-                    continue
-                if found["request_sha256"] != payment.fingerprint:
-                    raise ApiError(409, IDEMPOTENCY, "idempotency_key_reused",
-                                   "Keys for idempotent requests can only be used with the same "
-                                   "parameters they were first used with.")
-                if found["status_code"] is not None:
-                    answer(resp, found["status_code"], found["response_body"].encode("utf-8"),
-                           {"Idempotent-Replayed": "true"})
-                    return
-                if not found["stale"]:
-                    raise _in_use()
-                taken = cur.execute(Q["idempotency_take_over"], ident | {
-                    "locked_at": found["locked_at"]}).fetchone()
-                if taken is None:
-                    raise _in_use()
-                log.warning("idempotency: taking over a stale attempt",
-                            extra={"merchant": merchant_id, "payment_intent": found["payment_intent_id"]})
-                owned = (found["payment_intent_id"], False)
-                break
-        if owned is None:
-            raise _in_use()
-        intent_id, fresh = owned
-        body = dump(self._run_owned(merchant_id, key, intent_id, fresh, payment))
-        try:
-            with self.db.connection() as conn:
-                conn.execute(Q["idempotency_complete"], ident | {
-                    "payment_intent_id": intent_id, "status_code": 201,
-                    "response_body": body.decode("utf-8")})
-        except Exception:  # the intent exists; a retry after STALE_SECONDS recovers the record
-            log.exception("idempotency: could not record the answer",
-                          extra={"merchant": merchant_id, "payment_intent": intent_id})
-        answer(resp, 201, body)
-
-    def _run_owned(self, merchant_id: str, key: str, intent_id: str, fresh: bool,
-                   payment: NewPayment) -> dict[str, Any]:
-        """Create under ``intent_id`` unless it exists. On failure, forget the
-        key if nothing was committed; if the intent exists, answer it."""
-        ident = {"merchant_id": merchant_id, "key": key, "payment_intent_id": intent_id}
-        if not fresh:
-            with self.db.connection() as conn:
-                existing = load_intent_body(conn, merchant_id, intent_id)
-            if existing is not None:
-                return existing
-        try:
-            return self._create(merchant_id, payment, intent_id)
-        except Exception as exc:
-            try:
-                with self.db.connection() as conn:
-                    existing = load_intent_body(conn, merchant_id, intent_id)
-                    if existing is None:
-                        conn.execute(Q["idempotency_release"], ident)
-            except Exception:
-                log.exception("idempotency: outcome unknown; the key stays in progress",
-                              extra={"merchant": merchant_id, "payment_intent": intent_id})
-                raise exc from None
-            if existing is None:
-                raise
-            log.warning("payment created but its request failed afterwards; answering the intent",
-                        extra={"merchant": merchant_id, "payment_intent": intent_id,
-                               "error": type(exc).__name__})
-            return existing
-
 
 class IntentResource:
     merchant_api = True
@@ -318,3 +230,10 @@ class IntentResource:
         if found is None:  # another merchant's intent reads exactly like a missing one
             raise not_found("No such payment_intent.", "id")
         answer(resp, 200, found)
+
+
+STATUSES = ("requires_confirmation", "processing", "succeeded", "requires_payment_method", "canceled")
+LISTING = Listing(noun="payment_intent", cursor="api_intent_cursor", older="api_list_intents_older",
+                  newer="api_list_intents_newer",
+                  view=lambda row: intent_body(charges.intent_view(row), row["latest_charge"]))
+"""How ``GET /v1/payment_intents`` pages (``vpay.api.lists``)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import click
 
 from vpay.cli.common import Duration, connect_db
-from vpay.cli.errors import NotFound
+from vpay.cli.errors import NotFound, Refused
 from vpay.cli.output import emit, json_option
 
 COLUMNS = ("id", "merchant_id", "url", "enabled", "disabled_reason", "rotating", "created_at")
@@ -64,6 +64,8 @@ def add(merchant: str, url: str, as_json: bool) -> None:
         elif not wh.allow_private() and ("loopback" in text or "private" in text):
             text += PRIVATE_HINT
         raise click.BadParameter(text, param_hint="--url") from None
+    except wh.EndpointLimitReached as exc:
+        raise Refused(f"{exc} (MAX_ENDPOINTS_PER_MERCHANT): remove one first") from None
     except LookupError as exc:
         raise NotFound(f"{exc}: create it with vpay-server merchants create --id {merchant}") from None
     emit(endpoint, as_json)

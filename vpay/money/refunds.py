@@ -58,8 +58,9 @@ class InvalidRefund(ValueError):
     """A refund that may not be created. ``param`` names the offending input
     (``charge``, ``amount``, ``reason``); ``code`` says why:
     ``charge_not_found``, ``charge_not_succeeded``, ``invalid_amount``,
-    ``amount_exceeds_refundable``, ``nothing_to_refund``, ``invalid_reason``.
-    Nothing was written."""
+    ``amount_exceeds_refundable``, ``nothing_to_refund``, ``invalid_reason``,
+    ``refunds_unsupported`` (the charge's rail gives no refunds: Orange Money
+    Web Payment). Nothing was written."""
 
     def __init__(self, param: str, code: str, message: str):
         super().__init__(message)
@@ -68,7 +69,7 @@ class InvalidRefund(ValueError):
 
 
 def create_refund(conn: psycopg.Connection, *, charge_id: str, amount: int | None = None,
-                  reason: str | None = None) -> dict[str, Any]:
+                  reason: str | None = None, refund_id: str | None = None) -> dict[str, Any]:
     """Create a pending refund of ``charge_id`` and its
     ``refund_poll:<refund_id>`` job (due in ``FIRST_POLL_SECONDS``), in ONE
     transaction. Answers the refund row. The rail is not asked here: call
@@ -83,6 +84,10 @@ def create_refund(conn: psycopg.Connection, *, charge_id: str, amount: int | Non
     Raises ``InvalidRefund`` (nothing written) when the charge is unknown,
     is not ``succeeded``, or ``amount`` is not a positive int or exceeds the
     charge's amount minus its other non-failed refunds.
+
+    ``refund_id`` (default: a fresh ``re_…``) lets a caller name the refund
+    before creating it (the API's Idempotency-Key records, as for intents);
+    an id that exists already raises ``psycopg.errors.UniqueViolation``.
     """
     if amount is not None and (isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0):
         raise InvalidRefund("amount", "invalid_amount", "amount must be a positive whole number of minor units")
@@ -109,7 +114,7 @@ def create_refund(conn: psycopg.Connection, *, charge_id: str, amount: int | Non
                                 f"amount {amount} exceeds what charge {charge_id} can still refund: "
                                 f"{remaining} of {charge['amount']} {charge['currency']} minor units")
         refund = cur.execute(Q["insert_refund"], {
-            "id": new_id("re"), "charge_id": charge_id, "rail": charge["rail"],
+            "id": refund_id or new_id("re"), "charge_id": charge_id, "rail": charge["rail"],
             "rail_reference": new_rail_reference(), "amount": amount,
             "currency": charge["currency"], "reason": reason}).fetchone()
         queue.enqueue(conn, REFUNDS.kind, REFUNDS.job_key(refund["id"]),
@@ -267,18 +272,32 @@ def show(conn: psycopg.Connection, refund_id: str) -> dict[str, Any] | None:
                        for e in events]}
 
 
+def refunds_supported(rail: Rail | None) -> bool:
+    """Whether a rail adapter can give money back (``Rail.refunds_supported``;
+    an adapter that does not say can)."""
+    return bool(getattr(rail, "refunds_supported", True))
+
+
 def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, charge_id: str,
-                      amount: int | None = None, reason: str | None = None) -> dict[str, Any]:
-    """Create (one transaction), then submit, then read back. Answers
+                      amount: int | None = None, reason: str | None = None,
+                      refund_id: str | None = None) -> dict[str, Any]:
+    """Create (one transaction), then submit, then read back: the one path of
+    ``vpay-server refunds create`` and ``POST /v1/refunds``. Answers
     ``{"refund": refund_view}``, with ``rail_refusal`` (``{"code"}``) when
-    the rail refused our configuration for this request. Raises ``InvalidRefund`` (nothing written)
-    and ``RailError`` when the charge's rail is not configured (checked
-    before writing)."""
+    the rail refused our configuration for this request. Raises
+    ``InvalidRefund`` (nothing written; ``refunds_unsupported`` for a rail
+    without refunds, before anything is written) and ``RailError`` when the
+    charge's rail is not configured (checked before writing)."""
     with pool.connection() as conn:
         row = conn.execute("SELECT rail FROM charges WHERE id = %s", (charge_id,)).fetchone()
     adapter = rail_for(row[0]) if row else None
+    if row is not None and not refunds_supported(adapter):
+        raise InvalidRefund("charge", "refunds_unsupported",
+                            f"charge {charge_id} was paid on rail {row[0]}, which gives no refunds: "
+                            "refund the payer outside vpay")
     with pool.connection() as conn:
-        created = create_refund(conn, charge_id=charge_id, amount=amount, reason=reason)
+        created = create_refund(conn, charge_id=charge_id, amount=amount, reason=reason,
+                                refund_id=refund_id)
     testhooks.pause("after_refund_commit")
     with pool.connection() as conn:
         answer = submit(conn, adapter, load_refund(conn, created["id"]))

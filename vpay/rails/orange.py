@@ -167,6 +167,7 @@ class OrangeMoney:
     """
 
     code = "orange"
+    refunds_supported = False  # Web Payment has no refund call (docs/flows/orange.md, "Refunds")
 
     def __init__(
         self,
@@ -463,8 +464,10 @@ class OrangeMoney:
     @rail_call("refund")
     def refund(self, refund: RefundRequest) -> Submit:
         """Orange Money Web Payment offers no refund call to this adapter:
-        always REJECTED ``REFUND_NOT_SUPPORTED``, nothing sent, so the refund
-        fails at once and no money is promised back."""
+        always REJECTED ``REFUND_NOT_SUPPORTED``, nothing sent. Not reached
+        from ``refunds.create_and_submit``, which refuses such a refund
+        before writing it (``refunds_supported``); kept for a refund written
+        some other way, which then fails at once."""
         return Submit(SubmitKind.REJECTED, reason="REFUND_NOT_SUPPORTED")
 
     @rail_call("refund_status")

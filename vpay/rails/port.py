@@ -220,6 +220,9 @@ class Rail(Protocol):
     """
 
     code: str  # "mtn", "orange": the {code} of /provider/{code}/callback and charges.rail
+    # False for a rail that cannot give money back (Orange Money Web Payment):
+    # a refund of its charge is refused before anything is written.
+    refunds_supported: bool = True
 
     def request_to_pay(self, charge: ChargeRequest) -> Submit:
         """Ask the payer to pay. Safe to repeat with the same ``rail_reference``."""

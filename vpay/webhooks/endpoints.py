@@ -1,4 +1,8 @@
-"""Webhook endpoints: registration (under the URL policy), listing, enable/disable, secret rotation."""
+"""Webhook endpoints: registration (under the URL policy and the per-merchant limit), listing, enable/disable, deletion, secret rotation.
+
+Every read and write of an endpoint's secret goes through this module (the
+merchant API, the CLI and the demo call it), so that how secrets are kept
+is decided in one place."""
 
 from __future__ import annotations
 
@@ -18,28 +22,47 @@ from vpay.webhooks.signing import new_secret
 
 log = logging.getLogger("vpay.webhooks.endpoints")
 
+MAX_ENDPOINTS_PER_MERCHANT = 16
+"""The most webhook endpoints one merchant may register (Stripe allows 16 per
+account): every event is fanned out to each, so the limit bounds one
+merchant's share of the webhooks lane. Counted under a lock on the merchant
+row, so concurrent registrations cannot pass it together."""
+
+
+class EndpointLimitReached(ValueError):
+    """The merchant has ``MAX_ENDPOINTS_PER_MERCHANT`` endpoints already."""
+
 
 
 
 def add_endpoint(conn: psycopg.Connection, merchant_id: str, url: str, *,
                  permit_private: bool | None = None,
-                 resolver: Callable[[str, int], list[str]] | None = None) -> dict[str, Any]:
+                 resolver: Callable[[str, int], list[str]] | None = None,
+                 enabled_events: list[str] | None = None, description: str | None = None,
+                 limit: int | None = MAX_ENDPOINTS_PER_MERCHANT) -> dict[str, Any]:
     """Register ``url`` for ``merchant_id``; answer ``{id, merchant_id, url,
-    enabled, created_at, secret}``. The secret is answered here and never
-    again (``list_endpoints`` omits it). Raises ``UrlRefused`` when the URL
-    fails ``check_url`` (resolved now; ``permit_private`` defaults to
-    ``VPAY_WEBHOOKS_ALLOW_PRIVATE``), ``LookupError`` for an unknown
-    merchant. Nothing is written when it raises."""
+    enabled, enabled_events, description, created_at, secret}``. The secret
+    is answered here and never again (``list_endpoints`` omits it).
+    ``enabled_events``: the event types it receives (default ``["*"]``,
+    every type; checking the names is the caller's). Raises ``UrlRefused``
+    when the URL fails ``check_url`` (resolved now; ``permit_private``
+    defaults to ``VPAY_WEBHOOKS_ALLOW_PRIVATE``), ``LookupError`` for an
+    unknown merchant, ``EndpointLimitReached`` when the merchant has
+    ``limit`` endpoints already (None: no limit). Nothing is written when it
+    raises."""
     allowed = allow_private() if permit_private is None else permit_private
     check_url(url, allow_private=allowed, resolver=resolver)
     secret = new_secret()
-    try:
-        with conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(Q["webhook_endpoint_insert"], {
-                "id": new_id("we"), "merchant_id": merchant_id, "url": url,
-                "secret": secret}).fetchone()
-    except psycopg.errors.ForeignKeyViolation:
-        raise LookupError(f"unknown merchant {merchant_id!r}") from None
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        held = cur.execute(Q["webhook_endpoint_lock_merchant"], {"merchant_id": merchant_id}).fetchone()
+        if held is None:
+            raise LookupError(f"unknown merchant {merchant_id!r}")
+        if limit is not None and held["endpoints"] >= limit:
+            raise EndpointLimitReached(f"merchant {merchant_id} has {held['endpoints']} webhook "
+                                       f"endpoints; the limit is {limit}")
+        row = cur.execute(Q["webhook_endpoint_insert"], {
+            "id": new_id("we"), "merchant_id": merchant_id, "url": url, "secret": secret,
+            "enabled_events": list(enabled_events or ["*"]), "description": description}).fetchone()
     log.info("webhook endpoint added", extra={"endpoint_id": row["id"], "merchant_id": merchant_id,
                                               "host": urlsplit(url).hostname})
     return dict(row) | {"secret": secret}
@@ -47,8 +70,9 @@ def add_endpoint(conn: psycopg.Connection, merchant_id: str, url: str, *,
 
 def list_endpoints(conn: psycopg.Connection, merchant_id: str | None = None) -> list[dict[str, Any]]:
     """Every endpoint (of ``merchant_id`` when given), without secrets:
-    ``[{id, merchant_id, url, enabled, disabled_at, disabled_reason,
-    rotating, created_at}]`` ordered by merchant then creation."""
+    ``[{id, merchant_id, url, enabled, enabled_events, description,
+    disabled_at, disabled_reason, rotating, previous_secret_expires_at,
+    created_at}]`` ordered by merchant then creation."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(Q["webhook_endpoint_list"], {"merchant_id": merchant_id}).fetchall()
 
@@ -100,11 +124,30 @@ def held_by_policy(conn: psycopg.Connection, endpoint_id: str) -> bool:
     return row is not None and row[0] == "url_policy"
 
 
+def get_endpoint(conn: psycopg.Connection, merchant_id: str, endpoint_id: str) -> dict[str, Any] | None:
+    """One endpoint of ``merchant_id`` (``list_endpoints``' fields, no
+    secret), or None: another merchant's reads like a missing one."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["webhook_endpoint_get"], {"id": endpoint_id, "merchant_id": merchant_id}).fetchone()
+
+
+def delete_endpoint(conn: psycopg.Connection, merchant_id: str, endpoint_id: str) -> bool:
+    """Remove an endpoint of ``merchant_id`` with its secrets and delivery
+    records; answers whether it existed. Queued deliveries to it end without
+    a request (the deliver handler finds no endpoint)."""
+    gone = conn.execute(Q["webhook_endpoint_delete"], {"id": endpoint_id, "merchant_id": merchant_id}).fetchone()
+    if gone is not None:
+        log.info("webhook endpoint deleted", extra={"endpoint_id": endpoint_id, "merchant_id": merchant_id})
+    return gone is not None
+
+
 def rotate_secret(conn: psycopg.Connection, endpoint_id: str,
-                  overlap_seconds: float = 24 * 3600.0) -> dict[str, Any] | None:
+                  overlap_seconds: float = 24 * 3600.0, *,
+                  merchant_id: str | None = None) -> dict[str, Any] | None:
     """Give an endpoint a new secret; answer ``{id, merchant_id, url,
-    enabled, previous_secret_expires_at, secret}`` (the new secret, shown
-    once), or None when unknown. For ``overlap_seconds`` (default 24 h) the
+    enabled, enabled_events, description, previous_secret_expires_at,
+    created_at, secret}`` (the new secret, shown once), or None when unknown
+    (or, with ``merchant_id``, not that merchant's). For ``overlap_seconds`` (default 24 h) the
     old secret keeps signing next to the new one, so a receiver can switch
     without failing a delivery (Standard Webhooks, "Webhook headers");
     0 revokes the old secret at once. Raises ``ValueError`` when negative."""
@@ -113,7 +156,8 @@ def rotate_secret(conn: psycopg.Connection, endpoint_id: str,
     secret = new_secret()
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q["webhook_endpoint_rotate_secret"], {
-            "id": endpoint_id, "secret": secret, "overlap": float(overlap_seconds)}).fetchone()
+            "id": endpoint_id, "secret": secret, "overlap": float(overlap_seconds),
+            "merchant_id": merchant_id}).fetchone()
     if row is None:
         return None
     log.info("webhook secret rotated", extra={"endpoint_id": endpoint_id,
