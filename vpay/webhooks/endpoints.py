@@ -9,16 +9,13 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.rows import dict_row
 
-from vpay.money.ids import new_id
+from vpay.base import secretbox
 from vpay.base.queries import Q
-
-
+from vpay.money.ids import new_id
 from vpay.webhooks.policy import allow_private, check_url
 from vpay.webhooks.signing import new_secret
 
 log = logging.getLogger("vpay.webhooks.endpoints")
-
-
 
 
 def add_endpoint(conn: psycopg.Connection, merchant_id: str, url: str, *,
@@ -29,15 +26,17 @@ def add_endpoint(conn: psycopg.Connection, merchant_id: str, url: str, *,
     again (``list_endpoints`` omits it). Raises ``UrlRefused`` when the URL
     fails ``check_url`` (resolved now; ``permit_private`` defaults to
     ``VPAY_WEBHOOKS_ALLOW_PRIVATE``), ``LookupError`` for an unknown
-    merchant. Nothing is written when it raises."""
+    merchant. Nothing is written when it raises. The secret is stored
+    sealed (``vpay.base.secretbox``; ``ConfigError`` without keys)."""
     allowed = allow_private() if permit_private is None else permit_private
     check_url(url, allow_private=allowed, resolver=resolver)
     secret = new_secret()
+    sealed = secretbox.default().seal(secret)
     try:
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(Q["webhook_endpoint_insert"], {
                 "id": new_id("we"), "merchant_id": merchant_id, "url": url,
-                "secret": secret}).fetchone()
+                "secret": sealed}).fetchone()
     except psycopg.errors.ForeignKeyViolation:
         raise LookupError(f"unknown merchant {merchant_id!r}") from None
     log.info("webhook endpoint added", extra={"endpoint_id": row["id"], "merchant_id": merchant_id,
@@ -107,13 +106,15 @@ def rotate_secret(conn: psycopg.Connection, endpoint_id: str,
     once), or None when unknown. For ``overlap_seconds`` (default 24 h) the
     old secret keeps signing next to the new one, so a receiver can switch
     without failing a delivery (Standard Webhooks, "Webhook headers");
-    0 revokes the old secret at once. Raises ``ValueError`` when negative."""
+    0 revokes the old secret at once. Raises ``ValueError`` when negative.
+    The new secret is stored sealed; the old one stays as it was stored."""
     if overlap_seconds < 0:
         raise ValueError("overlap_seconds must be >= 0")
     secret = new_secret()
+    sealed = secretbox.default().seal(secret)
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q["webhook_endpoint_rotate_secret"], {
-            "id": endpoint_id, "secret": secret, "overlap": float(overlap_seconds)}).fetchone()
+            "id": endpoint_id, "secret": sealed, "overlap": float(overlap_seconds)}).fetchone()
     if row is None:
         return None
     log.info("webhook secret rotated", extra={"endpoint_id": endpoint_id,
