@@ -70,15 +70,15 @@ class ApiStack:
                                 headers={"Content-Type": "application/json"}, timeout=10)
 
 
-@pytest.fixture(scope="module")
-def api_stack(db_url, tmp_path_factory):
-    """One sandbox rail and one `vpay-server api` for the module (state lives
-    in the database, which ``db`` empties before each test)."""
+def start_api(db_url: str, log_dir, *, workers: int = 2, threads: int = 4, **env: str) -> ApiStack:
+    """A sandbox rail and a real `vpay-server api` on a free loopback port,
+    answering /healthz; ``env`` adds settings (``VPAY_HTTP_*``, ...). Stop it
+    with ``stop_api``."""
     rail = SandboxRail(success_after_seconds=1.0).start()
     port = free_port()
-    log_path = tmp_path_factory.mktemp("api") / "vpay-server-api.log"
-    proc = Proc([script("vpay-server"), "api", "--bind", f"127.0.0.1:{port}", "--workers", "2",
-                 "--threads", "4"], base_env(db_url, **mtn_env(rail, port)), log_path)
+    proc = Proc([script("vpay-server"), "api", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+                 "--threads", str(threads)], base_env(db_url, **mtn_env(rail, port), **env),
+                log_dir / "vpay-server-api.log")
     url = f"http://127.0.0.1:{port}"
 
     def healthy():
@@ -91,10 +91,27 @@ def api_stack(db_url, tmp_path_factory):
 
     try:
         wait_until(healthy, timeout=30, what="the API to answer /healthz")
-        yield ApiStack(url=url, port=port, rail=rail, proc=proc, db_url=db_url)
-    finally:
+    except BaseException:
         proc.close()
         rail.stop()
+        raise
+    return ApiStack(url=url, port=port, rail=rail, proc=proc, db_url=db_url)
+
+
+def stop_api(stack: ApiStack) -> None:
+    stack.proc.close()
+    stack.rail.stop()
+
+
+@pytest.fixture(scope="module")
+def api_stack(db_url, tmp_path_factory):
+    """One sandbox rail and one `vpay-server api` for the module (state lives
+    in the database, which ``db`` empties before each test)."""
+    stack = start_api(db_url, tmp_path_factory.mktemp("api"))
+    try:
+        yield stack
+    finally:
+        stop_api(stack)
 
 
 @pytest.fixture
