@@ -337,9 +337,16 @@ def test_a_lane_set_instance_name_round_trips_to_a_queues_value_the_worker_accep
     assert parse_queues(unescaped) == ("mtn", "orange")
 
 
-def test_the_api_docs_require_a_request_buffering_reverse_proxy():
-    # Slow clients hold gunicorn's gthread threads; only a buffering proxy in front prevents it.
+def test_the_api_docs_say_it_is_safe_bare_and_name_its_limits():
+    # Issue #27: waitress in each worker holds slow clients without a thread;
+    # a buffering proxy is no longer required, and the docs must not say it is.
     root = Path(__file__).resolve().parents[2]
     for doc in (root / "systemd" / "README.md", root / "docs" / "api.md"):
         text = " ".join(doc.read_text(encoding="utf-8").split())
-        assert "proxy_request_buffering on" in text and "reverse proxy" in text, doc
+        assert "proxy_request_buffering" not in text and "(required)" not in text, doc
+        assert "VPAY_HTTP_MAX_CONNECTIONS_PER_ADDRESS=0" in text, doc
+    security = (root / "docs" / "security.md").read_text(encoding="utf-8")
+    for name in ("VPAY_HTTP_HEADER_TIMEOUT_SECONDS", "VPAY_HTTP_BODY_TIMEOUT_SECONDS",
+                 "VPAY_HTTP_IDLE_TIMEOUT_SECONDS", "VPAY_HTTP_MAX_CONNECTIONS_PER_ADDRESS",
+                 "VPAY_HTTP_MAX_CONNECTIONS"):
+        assert f"`{name}`" in security, name
