@@ -21,6 +21,11 @@ setup(
         "pgserver>=0.1.4",
         "falcon>=3.1",
         "gunicorn>=22",
+        # Each gunicorn worker serves with waitress, which buffers a whole
+        # request before a thread sees it (vpay/api/server.py, issue #27).
+        "waitress>=3.0",
+        # Webhook secrets sealed at rest: MultiFernet (vpay/base/secretbox.py).
+        "cryptography>=42",
         "standardwebhooks>=1.0",
         "prometheus_client>=0.20",
         "openpyxl>=3.1",  # statements exported as .xlsx

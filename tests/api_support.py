@@ -49,6 +49,8 @@ class ApiStack:
     rail: SandboxRail
     proc: Proc
     db_url: str
+    own_rail: bool = True
+    """Whether stopping the API stops the rail too (``start_api`` made it)."""
 
     def env(self) -> dict[str, str]:
         """The environment for a worker talking to the same database and rail."""
@@ -71,16 +73,16 @@ class ApiStack:
                                 headers={"Content-Type": "application/json"}, timeout=10)
 
 
-@contextmanager
-def running_api(db_url: str, log_dir, rail: SandboxRail | None = None, **extra_env: str):
-    """A sandbox rail (``rail``, else a new one) and `vpay-server api` on a
-    free port with ``extra_env`` added to its environment, until the block
-    ends. Yields an ``ApiStack``."""
+def start_api(db_url: str, log_dir, *, rail: SandboxRail | None = None, workers: int = 2,
+              threads: int = 4, **env: str) -> ApiStack:
+    """A sandbox rail (``rail``, else a new one, stopped with the API) and a
+    real `vpay-server api` on a free loopback port, answering /healthz;
+    ``env`` adds settings (``VPAY_HTTP_*``, ...). Stop it with ``stop_api``."""
     own_rail = rail is None
     rail = rail or SandboxRail(success_after_seconds=1.0).start()
     port = free_port()
-    proc = Proc([script("vpay-server"), "api", "--bind", f"127.0.0.1:{port}", "--workers", "2",
-                 "--threads", "4"], base_env(db_url, **mtn_env(rail, port), **extra_env),
+    proc = Proc([script("vpay-server"), "api", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+                 "--threads", str(threads)], base_env(db_url, **mtn_env(rail, port), **env),
                 log_dir / "vpay-server-api.log")
     url = f"http://127.0.0.1:{port}"
 
@@ -94,11 +96,29 @@ def running_api(db_url: str, log_dir, rail: SandboxRail | None = None, **extra_e
 
     try:
         wait_until(healthy, timeout=30, what="the API to answer /healthz")
-        yield ApiStack(url=url, port=port, rail=rail, proc=proc, db_url=db_url)
-    finally:
+    except BaseException:
         proc.close()
         if own_rail:
             rail.stop()
+        raise
+    return ApiStack(url=url, port=port, rail=rail, proc=proc, db_url=db_url, own_rail=own_rail)
+
+
+def stop_api(stack: ApiStack) -> None:
+    """Stop what ``start_api`` started (the rail only when it made it)."""
+    stack.proc.close()
+    if stack.own_rail:
+        stack.rail.stop()
+
+
+@contextmanager
+def running_api(db_url: str, log_dir, rail: SandboxRail | None = None, **extra_env: str):
+    """``start_api`` until the block ends. Yields an ``ApiStack``."""
+    stack = start_api(db_url, log_dir, rail=rail, **extra_env)
+    try:
+        yield stack
+    finally:
+        stop_api(stack)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,13 @@ from psycopg import sql
 
 from vpay.base import db as vdb
 
+# Webhook secrets are sealed under VPAY_SECRET_KEYS (vpay/base/secretbox.py):
+# the tests make their own key, once per process, before any test runs;
+# support.base_env hands it to every child process.
+if not os.environ.get("VPAY_SECRET_KEYS", "").strip():
+    from vpay.base.secretbox import new_key
+    os.environ["VPAY_SECRET_KEYS"] = new_key()
+
 TABLES = ("settlement_evidence", "statement_lines", "statements", "alerts", "events", "jobs", "refunds", "charges", "payment_intents", "webhook_endpoints", "merchants")
 _RUN = uuid.uuid4().hex[:8]
 _LOCK = 7_316_240_052

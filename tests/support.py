@@ -99,10 +99,12 @@ class Proc:
 
 
 def base_env(db_url: str, **extra: str) -> dict[str, str]:
-    """The environment for a child process: the test's database, no
-    inherited VPAY_ settings, unbuffered output."""
+    """The environment for a child process: the test's database, the run's
+    secret key, no other inherited VPAY_ settings, unbuffered output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VPAY_") and k != "NOTIFY_SOCKET"}
-    env.update({"VPAY_DATABASE_URL": db_url, "PYTHONUNBUFFERED": "1"})
+    env.update({"VPAY_DATABASE_URL": db_url, "PYTHONUNBUFFERED": "1",
+                # the run's own key (tests/conftest.py): children open what the test sealed
+                "VPAY_SECRET_KEYS": os.environ["VPAY_SECRET_KEYS"]})
     env.update(extra)
     return env
 

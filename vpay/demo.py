@@ -157,6 +157,23 @@ class Receiver:
         self.server.server_close()
 
 
+def _demo_keys(data_dir: Path) -> None:
+    """The demo's own VPAY_SECRET_KEYS (webhook secrets are sealed under it,
+    vpay.base.secretbox) unless the environment names keys: made once and
+    kept in ``data_dir/secret-keys`` (mode 0600), so a kept demo database
+    opens on the next run. Set in this process's environment, which the
+    API and the worker inherit."""
+    from vpay.base.secretbox import KEYS_ENV, KEYS_FILE_ENV, new_key
+    if os.environ.get(KEYS_ENV, "").strip() or os.environ.get(KEYS_FILE_ENV, "").strip():
+        return
+    path = data_dir / "secret-keys"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(new_key() + "\n")
+    os.environ[KEYS_ENV] = path.read_text().strip()
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -218,6 +235,7 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
                 "VPAY_MTN_CALLBACK_URL": f"{api_url}/provider/mtn/callback"}
     say(f"vpay demo: sandbox MoMo rail at {rail.url}, database {database} "
         f"({'VPAY_DATABASE_URL' if os.environ.get('VPAY_DATABASE_URL') else 'embedded, ' + str(data_dir)})")
+    _demo_keys(data_dir)
     env = {**os.environ, **rail_env, "VPAY_DATABASE_URL": url, "PYTHONUNBUFFERED": "1",
            # the receiver below is on loopback: a development-only permission
            "VPAY_WEBHOOKS_ALLOW_PRIVATE": "1"}

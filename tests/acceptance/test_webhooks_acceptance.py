@@ -15,6 +15,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from support import base_env, script, wait_until
+from vpay.base import secretbox
 from vpay.money import merchants
 # helpers kept in tests/integration/test_webhooks.py
 from test_webhooks import (Reply, deliver_job, endpoint, make_payment, receiver, settle, start_worker,
@@ -178,7 +179,8 @@ def test_cli_add_list_disable_enable_rotate(db, db_url):
     ep = _json_out(added.stdout)
     assert ep["secret"].startswith("whsec_") and ep["merchant_id"] == "m1"
     stored = db.execute("SELECT secret FROM webhook_endpoints WHERE id = %s", (ep["id"],)).fetchone()[0]
-    assert stored == ep["secret"]
+    # sealed at rest under the run's key (vpay/base/secretbox.py), never the secret itself
+    assert stored.startswith("fernet:") and secretbox.default().open(stored) == ep["secret"]
 
     listed = _cli(db_url, "list", "--merchant", "m1")
     assert listed.returncode == 0 and "whsec_" not in listed.stdout
@@ -195,7 +197,8 @@ def test_cli_add_list_disable_enable_rotate(db, db_url):
     assert new["secret"].startswith("whsec_") and new["secret"] != ep["secret"]
     assert new["previous_secret_expires_at"] is not None
     row = db.execute("SELECT secret, previous_secret FROM webhook_endpoints").fetchone()
-    assert row == (new["secret"], ep["secret"])
+    assert tuple(map(secretbox.default().open, row)) == (new["secret"], ep["secret"])
+    assert "whsec_" not in "".join(row)
     for proc in (added, listed, disabled, rotated):  # secrets go to stdout only, never to the log
         assert "whsec_" not in proc.stderr
         assert not re.search(r'"(level|logger)".*whsec_', proc.stdout)

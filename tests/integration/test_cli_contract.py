@@ -76,6 +76,8 @@ CASES: dict[tuple[str, ...], Case] = {
     ("refunds", "create"): Case(("--charge", "ch_x"), ("--charge", "ch_nope"), ("--charge", "ch_x", "--amount", "-5")),
     ("refunds", "show"): Case(("re_x",), ("re_nope",), "any text is an id (an unknown one: 1)"),
     ("sandbox-rail",): Case((), "takes no id", ("--port", "70000"), "uses no database"),
+    ("secrets", "new-key"): Case((), "takes no id", "takes no value", "uses no database"),
+    ("secrets", "rotate"): Case((), "takes no id", ("--actor", "")),
     ("statements", "import"): Case(("{statement}", "--rail", "mtn", "--profile", "sandbox"),
                                    ("{not_a_statement}", "--rail", "mtn", "--profile", "sandbox"),
                                    ("{statement}", "--rail", "bogus")),
@@ -128,7 +130,10 @@ def invoke():
     handlers, level = root.handlers[:], root.level
 
     def run(args, env: dict[str, str]):
-        full_env = {k: None for k in __import__("os").environ if k.startswith("VPAY_")} | env
+        os_env = __import__("os").environ
+        # a clean VPAY_ environment but the run's own secret keys (tests/conftest.py)
+        full_env = {k: None for k in os_env if k.startswith("VPAY_")} | {
+            "VPAY_SECRET_KEYS": os_env["VPAY_SECRET_KEYS"]} | env
         try:
             return CliRunner().invoke(main, list(args), env=full_env)
         finally:
@@ -259,6 +264,8 @@ def test_every_data_command_prints_valid_json(invoke, db, db_url, sandbox, files
     imported = ok("statements", "import", files["statement"], "--rail", "mtn", "--profile", "sandbox", "--apply")
     ok("statements", "list")
     ok("statements", "show", imported["statement"])
+    assert ok("secrets", "new-key")["key"]
+    assert ok("secrets", "rotate")["resealed"] >= 0
     assert set(seen) == set(TREE) - SERVICES
 
 

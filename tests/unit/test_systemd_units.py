@@ -42,6 +42,11 @@ HARDENING = {
     "AmbientCapabilities": "",
 }
 
+SECRETS = ("VPAY_MTN_SUBSCRIPTION_KEY", "VPAY_MTN_API_KEY", "VPAY_MTN_DISBURSEMENT_SUBSCRIPTION_KEY",
+           "VPAY_MTN_DISBURSEMENT_API_KEY", "VPAY_ORANGE_CLIENT_SECRET", "VPAY_ORANGE_MERCHANT_KEY",
+           "VPAY_SECRET_KEYS", "VPAY_SECRET_KEYS_FILE", "VPAY_API_METRICS_TOKEN")
+"""Settings that are secrets: systemd credentials in the shipped units, never environment."""
+
 _TIMESPAN_UNITS = {
     "us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3,
     "": 1.0, "s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0,
@@ -184,6 +189,39 @@ def test_api_unit():
     assert parse_timespan(service.get("WatchdogSec", "0")) == 0
 
 
+def load_credentials(path: Path) -> dict[str, str]:
+    """Every ``LoadCredential=ID:PATH`` of a unit (the key may repeat)."""
+    lines = [l.partition("=")[2] for l in path.read_text().splitlines() if l.startswith("LoadCredential=")]
+    return dict(line.split(":", 1) for line in lines)
+
+
+@pytest.mark.parametrize("path", SERVICES, ids=lambda p: p.name)
+def test_secrets_come_as_credentials_never_as_environment(path):
+    # Environment= lines show in `systemctl show` to any local user; a
+    # credential is a file only this service's user (and root) can read.
+    credentials = load_credentials(path)
+    assert credentials["VPAY"] == "/etc/vpay/credentials"  # every file there: VPAY_<file name>
+    for name in SECRETS:
+        assert name not in environment(path), f"{path.name}: {name} in Environment="
+    assert "PassEnvironment" not in load_unit(path)["Service"]
+
+
+def test_the_workers_and_the_api_get_the_secret_keys_as_a_credential():
+    # the workers open sealed secrets to sign; the API seals the secrets
+    # merchants register and rotate through /v1/webhook_endpoints
+    for path in [*WORKERS, API]:
+        assert load_credentials(path)["VPAY_SECRET_KEYS"] == "/etc/vpay/secret-keys"
+
+
+def test_a_credential_file_named_in_a_unit_reaches_the_code_under_its_variable(tmp_path, monkeypatch):
+    """`LoadCredential=VPAY:/etc/vpay/credentials` loads the file MTN_API_KEY
+    as `$CREDENTIALS_DIRECTORY/VPAY_MTN_API_KEY` (systemd.exec(5): the ID
+    suffixed with "_$FILENAME"): what `vpay.base.credentials` reads."""
+    from vpay.base.credentials import lookup
+    (tmp_path / "VPAY_MTN_API_KEY").write_text("k\n")
+    assert lookup("VPAY_MTN_API_KEY", {"CREDENTIALS_DIRECTORY": str(tmp_path)}) == "k"
+
+
 def test_target_groups_api_and_replicas():
     unit = load_unit(TARGET)
     wants = unit["Unit"]["Wants"].split()
@@ -204,14 +242,18 @@ def test_env_example_lists_the_contract_variables():
     assert assignments["VPAY_PROMPT_TTL_SECONDS"] == "900"
     for key in (
         "VPAY_MTN_BASE_URL",
-        "VPAY_MTN_SUBSCRIPTION_KEY",
         "VPAY_MTN_API_USER",
-        "VPAY_MTN_API_KEY",
         "VPAY_MTN_TARGET_ENVIRONMENT",
         "VPAY_MTN_CALLBACK_URL",
     ):
         assert assignments.get(key), f"{key} missing from vpay.env.example"
-    assert "0600" in ENV_EXAMPLE.read_text()
+    # The secrets are credentials now: named in the file, never assigned there.
+    for name in SECRETS:
+        assert name not in assignments, f"{name} is a secret: a credential, not vpay.env"
+    text = ENV_EXAMPLE.read_text()
+    for credential in ("MTN_SUBSCRIPTION_KEY", "MTN_API_KEY", "ORANGE_CLIENT_SECRET", "ORANGE_MERCHANT_KEY",
+                       "API_METRICS_TOKEN"):
+        assert f"/etc/vpay/credentials/{credential}" in text or f" {credential}" in text, credential
 
 
 def test_timespan_parser():
@@ -285,6 +327,7 @@ def test_each_worker_replica_gets_its_own_metrics_port():
 
 @pytest.mark.skipif(shutil.which("systemd-escape") is None, reason="systemd-escape not installed")
 def test_a_lane_set_instance_name_round_trips_to_a_queues_value_the_worker_accepts():
+    import vpay.money  # noqa: F401  (the domain registers the rail lanes; alone, only housekeeping exists)
     from vpay.engine.lanes import parse_queues
     escaped = subprocess.run([shutil.which("systemd-escape"), "--template", "vpay-worker-lanes@.service",
                               "mtn,orange"], capture_output=True, text=True, check=True).stdout.strip()
@@ -295,9 +338,16 @@ def test_a_lane_set_instance_name_round_trips_to_a_queues_value_the_worker_accep
     assert parse_queues(unescaped) == ("mtn", "orange")
 
 
-def test_the_api_docs_require_a_request_buffering_reverse_proxy():
-    # Slow clients hold gunicorn's gthread threads; only a buffering proxy in front prevents it.
+def test_the_api_docs_say_it_is_safe_bare_and_name_its_limits():
+    # Issue #27: waitress in each worker holds slow clients without a thread;
+    # a buffering proxy is no longer required, and the docs must not say it is.
     root = Path(__file__).resolve().parents[2]
     for doc in (root / "systemd" / "README.md", root / "docs" / "api.md"):
         text = " ".join(doc.read_text(encoding="utf-8").split())
-        assert "proxy_request_buffering on" in text and "reverse proxy" in text, doc
+        assert "proxy_request_buffering" not in text and "(required)" not in text, doc
+        assert "VPAY_HTTP_MAX_CONNECTIONS_PER_ADDRESS=0" in text, doc
+    security = (root / "docs" / "security.md").read_text(encoding="utf-8")
+    for name in ("VPAY_HTTP_HEADER_TIMEOUT_SECONDS", "VPAY_HTTP_BODY_TIMEOUT_SECONDS",
+                 "VPAY_HTTP_IDLE_TIMEOUT_SECONDS", "VPAY_HTTP_MAX_CONNECTIONS_PER_ADDRESS",
+                 "VPAY_HTTP_MAX_CONNECTIONS"):
+        assert f"`{name}`" in security, name

@@ -173,7 +173,7 @@ class AccessLog:
             "method": req.method, "route": req.uri_template or "(no route)",
             "status": resp.status_code,
             "ms": round((time.monotonic() - started) * 1000, 1) if started else None})
-        metrics.api_request(req.method, req.uri_template or "(no route)", resp.status_code,
+        metrics.api_request(req.method, req.uri_template, resp.status_code,
                             time.monotonic() - started if started else 0.0)
 
 
@@ -218,18 +218,23 @@ def create_app(database_url: str, rail_for: Callable[[str], Rail], settings: Set
     app.add_error_handler(Exception, _on_unexpected)
     app.add_error_handler(psycopg.OperationalError, _on_database_error)
 
-    app.add_route("/provider/{code}/callback", CallbackResource(db, rails))
     slots = threading.BoundedSemaphore(submit_slots) if submit_slots else None
-    app.add_route("/v1/payment_intents", IntentsResource(db, rails, settings, slots))
-    app.add_route("/v1/payment_intents/{intent_id}", IntentResource(db))
-    app.add_route("/v1/refunds", RefundsResource(db, rails))
-    app.add_route("/v1/refunds/{refund_id}", RefundResource(db))
-    app.add_route("/v1/events", EventsResource(db, settings.retention_days))
-    app.add_route("/v1/events/{event_id}", EventResource(db))
-    app.add_route("/v1/webhook_endpoints", EndpointsResource(db))
-    app.add_route("/v1/webhook_endpoints/{endpoint_id}", EndpointResource(db))
-    app.add_route("/v1/webhook_endpoints/{endpoint_id}/rotate_secret", RotateSecretResource(db))
-    app.add_route("/healthz", Health(db))
-    app.add_route("/openapi.json", OpenApi())
+    routes = {
+        "/provider/{code}/callback": CallbackResource(db, rails),
+        "/v1/payment_intents": IntentsResource(db, rails, settings, slots),
+        "/v1/payment_intents/{intent_id}": IntentResource(db),
+        "/v1/refunds": RefundsResource(db, rails),
+        "/v1/refunds/{refund_id}": RefundResource(db),
+        "/v1/events": EventsResource(db, settings.retention_days),
+        "/v1/events/{event_id}": EventResource(db),
+        "/v1/webhook_endpoints": EndpointsResource(db),
+        "/v1/webhook_endpoints/{endpoint_id}": EndpointResource(db),
+        "/v1/webhook_endpoints/{endpoint_id}/rotate_secret": RotateSecretResource(db),
+        "/healthz": Health(db),
+        "/openapi.json": OpenApi(),
+    }
+    for template, resource in routes.items():
+        app.add_route(template, resource)
+    metrics.set_api_routes(routes)  # the route label's fixed set
     app.vpay_db = db
     return app

@@ -19,7 +19,9 @@ counted by another worker (or by one gunicorn has since replaced) is missed.
   the merchant API or its OpenAPI document (docs/api.md). A request that
   came through a proxy (``Forwarded`` or ``X-Forwarded-For`` present) is
   passed to the app, which answers 404, so a reverse proxy in front of the
-  API does not publish the metrics by accident.
+  API does not publish the metrics by accident. Optionally behind a bearer
+  token (``VPAY_API_METRICS_TOKEN``) and/or on a bind of its own
+  (``VPAY_API_METRICS_BIND``), docs/observability.md.
 
 The scraped metrics are the in-process ones of ``vpay.base.metrics`` the API
 records: ``vpay_api_requests_total``, ``vpay_api_request_seconds`` and the
@@ -111,19 +113,48 @@ def _proxied(environ: dict) -> bool:
     return "HTTP_FORWARDED" in environ or "HTTP_X_FORWARDED_FOR" in environ
 
 
-def with_metrics(app: Callable) -> Callable:
+def _plain(start_response: Callable, status: str, headers: list | None = None) -> Iterable[bytes]:
+    body = status.encode() + b"\n"
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                            ("Content-Length", str(len(body)))] + (headers or []))
+    return [body]
+
+
+def with_metrics(app: Callable, *, token: str | None = None, listener: int | None = None) -> Callable:
     """A WSGI app answering ``GET /metrics`` from every worker's files and
-    passing everything else to ``app``."""
+    passing everything else to ``app``.
+
+    ``token`` (``VPAY_API_METRICS_TOKEN``): when set, a scrape must send
+    ``Authorization: Bearer <token>`` (compared in constant time), else 401.
+    ``listener`` (the index of ``VPAY_API_METRICS_BIND`` among the binds,
+    ``vpay.api.server.LISTENER_KEY``): when set, ``/metrics`` is served on
+    that listener only, which serves nothing else (404), and the API's own
+    listeners pass ``/metrics`` to the app (404)."""
+    import hmac
+
     from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
+
+    from vpay.api.server import LISTENER_KEY
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
     exposition = make_wsgi_app(registry)
+    expected = f"Bearer {token}".encode() if token else None
 
     def dispatch(environ: dict, start_response: Callable) -> Iterable[bytes]:
-        if (environ.get("PATH_INFO") == PATH and environ.get("REQUEST_METHOD") in ("GET", "HEAD")
-                and not _proxied(environ)):
-            return exposition(environ, start_response)
-        return app(environ, start_response)
+        on_metrics_listener = listener is not None and environ.get(LISTENER_KEY) == listener
+        is_scrape = (environ.get("PATH_INFO") == PATH
+                     and environ.get("REQUEST_METHOD") in ("GET", "HEAD") and not _proxied(environ))
+        if listener is not None and not on_metrics_listener:
+            return app(environ, start_response)  # the API's own listener: /metrics is no route
+        if not is_scrape:
+            if on_metrics_listener:
+                return _plain(start_response, "404 Not Found")
+            return app(environ, start_response)
+        if expected is not None:
+            given = environ.get("HTTP_AUTHORIZATION", "").encode("latin-1", "replace")
+            if not hmac.compare_digest(given, expected):
+                return _plain(start_response, "401 Unauthorized", [("WWW-Authenticate", "Bearer")])
+        return exposition(environ, start_response)
 
     return dispatch

@@ -6,7 +6,7 @@ from typing import Any
 
 import falcon
 
-from vpay.api.errors import dump, invalid
+from vpay.api.errors import dump, error_body, invalid
 
 MAX_BODY_BYTES = 64 * 1024
 """Largest body any route reads (64 KiB). A larger declared Content-Length is
@@ -43,3 +43,12 @@ def answer(resp: falcon.Response, status: int, body: Any, headers: dict[str, str
     resp.content_type = falcon.MEDIA_JSON
     for name, value in (headers or {}).items():
         resp.set_header(name, value)
+
+
+def server_error_body(status: int) -> tuple[str, bytes]:
+    """``(content_type, body)`` for an error the HTTP server answers before
+    the app sees the request (``vpay.api.server``: a malformed request, a
+    body or headers over its limits), in the API's error shape: a 413 is
+    ``request_too_large`` like the routes' own."""
+    exc = too_large(MAX_BODY_BYTES) if status == 413 else falcon.HTTPError(status)
+    return falcon.MEDIA_JSON, dump(error_body(exc))

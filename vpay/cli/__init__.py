@@ -25,6 +25,7 @@ from vpay.cli.payments import payments
 from vpay.cli.prune import prune
 from vpay.cli.refunds import refunds
 from vpay.cli.sandbox import sandbox_rail
+from vpay.cli.secrets import secrets
 from vpay.cli.statements import statements
 from vpay.cli.webhooks import webhooks
 from vpay.cli.worker import worker
@@ -44,7 +45,7 @@ def main(level: str | None) -> None:
 
 
 for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,
-                jobs, alerts, prune, charges, statements):
+                jobs, alerts, prune, charges, statements, secrets):
     main.add_command(command)
 
 

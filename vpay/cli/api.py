@@ -1,4 +1,5 @@
-"""``vpay-server api``: the HTTP API (rail callbacks, payment intents) under gunicorn, in process."""
+"""``vpay-server api``: the HTTP API (rail callbacks, payment intents), served by
+``vpay.api.server.serve`` (gunicorn's arbiter in process, waitress in each worker)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def _host_port(bind: str) -> tuple[str, int] | None:
     ``fd://N``). Raises ``click.BadParameter`` for anything else: gunicorn
     would bind a default (an empty value is 127.0.0.1:8000) or fail with a
     traceback (a port past 65535)."""
+    return _address(bind, "'--bind'")
+
+
+def _address(bind: str, hint: str) -> tuple[str, int] | None:
     if bind.startswith(("unix:", "fd://")):
         return None
     host, sep, port = bind.rpartition(":")
@@ -28,7 +33,7 @@ def _host_port(bind: str) -> tuple[str, int] | None:
         host = host[1:-1]
     if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise click.BadParameter(f"{bind!r} is not HOST:PORT (port 0..65535), e.g. 127.0.0.1:8080",
-                                 param_hint="'--bind'")
+                                 param_hint=hint)
     return host, int(port)
 
 
@@ -49,17 +54,25 @@ def _check_listen(host: str, port: int) -> None:
 
 @click.command()
 @click.option("--bind", default="127.0.0.1:8080", show_default=True,
-              help="HOST:PORT to listen on (loopback: a reverse proxy terminates TLS).")
+              help="HOST:PORT to listen on (TLS: a terminating proxy or load balancer in front).")
 @click.option("--workers", type=int, default=2, show_default=True, help="gunicorn worker processes.")
 @click.option("--threads", type=int, default=4, show_default=True,
               help="Threads per worker (at most the per-worker pool size, 4).")
 @click.option("--timeout", type=Duration(minimum=1, bare="s"), default="60s", show_default=True,
               help="gunicorn worker timeout (seconds, or 60s, 2m).")
 def api(bind: str, workers: int, threads: int, timeout: float) -> None:
-    """The HTTP API: rail callbacks and the merchant's payment intents (gunicorn, in process).
+    """The HTTP API: rail callbacks and the merchant's payment intents.
+
+    Safe to expose without a proxy: a request reaches a thread only once it
+    has arrived whole, within VPAY_HTTP_HEADER_TIMEOUT_SECONDS and
+    VPAY_HTTP_BODY_TIMEOUT_SECONDS, with at most
+    VPAY_HTTP_MAX_CONNECTIONS_PER_ADDRESS connections per client address and
+    worker (docs/security.md). GET /metrics: optionally VPAY_API_METRICS_TOKEN
+    (bearer) and VPAY_API_METRICS_BIND (HOST:PORT of its own).
 
     Refuses to start (exit 78) on a configuration that cannot work: no rail of
-    vpay.rails.KNOWN_RAILS configured (VPAY_MTN_*, VPAY_ORANGE_*), bad
+    vpay.rails.KNOWN_RAILS configured (VPAY_MTN_*, VPAY_ORANGE_*), no
+    VPAY_SECRET_KEYS (the webhook endpoint routes seal new secrets), bad
     settings, or --threads above the pool size. Each rail that is not
     configured is logged at warning; its callbacks answer 404 and its payments
     422 payment_method_unavailable. The database is not contacted at start: /healthz answers 503 until it
@@ -74,13 +87,28 @@ def api(bind: str, workers: int, threads: int, timeout: float) -> None:
     from vpay.rails.port import RailError
     from vpay.base.settings import ConfigError, Settings
     from vpay.api.app import POOL_MAX, create_app
+    from vpay.api.server import HttpLimits, serve
+    from vpay.base.credentials import lookup
 
-    if not 1 <= threads <= POOL_MAX or workers < 1:
-        refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers >= 1")
-    from vpay.api.server import ApiServer
-
+    if not 1 <= threads <= POOL_MAX or workers < 1 or timeout < 1:
+        refuse(f"--threads must be 1..{POOL_MAX} (the per-worker pool), --workers and --timeout >= 1")
+    metrics_bind = os.environ.get("VPAY_API_METRICS_BIND", "").strip() or None
+    try:
+        metrics_listen = _address(metrics_bind, "VPAY_API_METRICS_BIND") if metrics_bind else None
+    except click.BadParameter as exc:
+        refuse(exc.format_message())
     try:
         settings = Settings.from_env()
+        # No body over the routes' own limit is buffered: waitress answers
+        # the 413 (in the API's shape) as soon as the headers declare one.
+        from dataclasses import replace
+        from vpay.api.wire import MAX_BODY_BYTES
+        limits = replace(HttpLimits.from_env(), body_bytes=MAX_BODY_BYTES)
+        metrics_token = lookup("VPAY_API_METRICS_TOKEN")
+        # Merchants register endpoints and rotate their secrets here
+        # (/v1/webhook_endpoints): a new secret is sealed before it is stored.
+        from vpay.base import secretbox
+        secretbox.default()
     except ConfigError as exc:
         refuse(str(exc))
     configured, unconfigured = [], []
@@ -111,7 +139,15 @@ def api(bind: str, workers: int, threads: int, timeout: float) -> None:
 
     if listen is not None:
         _check_listen(*listen)
-    ApiServer(app_factory, {"bind": [bind], "workers": workers, "threads": threads,
-                            "timeout": max(1, round(timeout)),
-                            "loglevel": logging.getLevelName(logging.getLogger().level).lower()},
-              metrics=True).run()
+    if metrics_listen is not None:
+        _check_listen(*metrics_listen)
+    binds = [bind] + ([metrics_bind] if metrics_bind else [])
+    from vpay.api.wire import server_error_body
+    from vpay.api.exposition import child_exit, with_metrics
+
+    def wrap(app):
+        return with_metrics(app, token=metrics_token, listener=1 if metrics_bind else None)
+
+    serve(app_factory, bind=binds, workers=workers, threads=threads, timeout=max(1, round(timeout)), limits=limits,
+          loglevel=logging.getLevelName(logging.getLogger().level).lower(), wrap=wrap,
+          child_exit=child_exit, error_body=server_error_body)

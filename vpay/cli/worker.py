@@ -101,11 +101,13 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     from vpay.rails.port import RailError
     from vpay.webhooks import timeouts
     from vpay.engine.vacuum import every_from_env
+    from vpay.base import secretbox
     try:
         settings = Settings.from_env()
         timeouts()
         rails = configured_rails()
         jobs_vacuum_every = every_from_env()
+        box = secretbox.default()  # webhook secrets are sealed under these keys
     except (ConfigError, RailError) as exc:
         refuse(str(exc))
     if not rails:
@@ -134,7 +136,16 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                           passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
                           jobs_vacuum_every=jobs_vacuum_every)
     from vpay.handlers import ensure_scheduled
+    from vpay.webhooks.sealing import check_keys, plaintext_count
     with pool.connection() as conn:
+        try:
+            check_keys(conn, box)  # wrong keys: refused here, not at every delivery
+        except ConfigError as exc:
+            pool.close()
+            refuse(str(exc))
+        if plaintext := plaintext_count(conn):
+            log.warning("webhook secrets stored in plaintext: run `vpay-server secrets rotate`",
+                        extra={"endpoints": plaintext})
         ensure_scheduled(conn)
     drain = Worker(pool, handler_ctx, config, signals).run()
     for handler in logging.getLogger().handlers:

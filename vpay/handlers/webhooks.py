@@ -37,7 +37,8 @@ from urllib.parse import urlsplit
 
 from psycopg.rows import dict_row
 
-from vpay.base import metrics
+from vpay.base import metrics, secretbox
+from vpay.base.db import ConfigError
 from vpay import webhooks
 from vpay.engine.outcome import DeadLetter, Done, RetryAfter
 from vpay.base.queries import Q
@@ -94,8 +95,17 @@ def deliver(job, ctx):
 
     body = webhooks.payload({"id": row["event_id"], "type": row["type"],
                              "created_at": row["created_at"], "data": row["data"]})
-    headers = webhooks.signed_headers(row["event_id"], row["now_epoch"], body,
-                                      [row["secret"], row["previous_secret"]])
+    try:  # stored sealed (vpay.base.secretbox): opened only here, for this attempt
+        box = secretbox.default()
+        secrets = [box.open(row["secret"])]
+        if row["previous_secret"]:
+            secrets.append(box.open(row["previous_secret"]))
+    except ConfigError as exc:  # no key, or none that opens it: the operator's to fix
+        log.error("webhook delivery deferred: the endpoint's secret cannot be opened",
+                  extra=fields | {"error": str(exc)})
+        return RetryAfter(300.0, "the endpoint's secret cannot be opened (VPAY_SECRET_KEYS)",
+                          attempt_spent=False)
+    headers = webhooks.signed_headers(row["event_id"], row["now_epoch"], body, secrets)
     attempt = webhooks.post(row["url"], body, headers, connect_timeout=connect_timeout,
                             read_timeout=read_timeout, allow_private=webhooks.allow_private())
     with ctx.pool.connection() as conn:

@@ -15,13 +15,16 @@ def build_rail(code: str, **overrides) -> Rail:
     ``VPAY_MTN_*``, ``VPAY_ORANGE_*``); ``overrides`` are constructor
     arguments that win over it (the API passes a shorter ``total_timeout``).
     Raises ``RailError`` for an unknown or unconfigured rail (the message
-    names missing variables, never values)."""
+    names missing variables, never values). Each setting may come from the
+    environment or a systemd credential of the same name
+    (``vpay.base.credentials``)."""
+    from vpay.base.credentials import WithCredentials
     if code == "mtn":
         from vpay.rails.mtn import MtnMomo
-        return MtnMomo.from_env(**overrides)
+        return MtnMomo.from_env(WithCredentials(), **overrides)
     if code == "orange":
         from vpay.rails.orange import OrangeMoney
-        return OrangeMoney.from_env(**overrides)
+        return OrangeMoney.from_env(WithCredentials(), **overrides)
     raise RailError(f"unknown rail {code!r}; known: {', '.join(KNOWN_RAILS)}")
 
 
@@ -31,8 +34,8 @@ def configured_rails(environ=None) -> list[str]:
     configured here; one with some of them must build, or this raises
     ``RailError`` naming the problem (missing or malformed settings): a
     half-configured rail is refused at boot rather than failing every job."""
-    import os
-    env = os.environ if environ is None else environ
+    from vpay.base.credentials import WithCredentials
+    env = WithCredentials() if environ is None else environ
     present = []
     for code in KNOWN_RAILS:
         prefix = f"VPAY_{code.upper()}_"

@@ -13,10 +13,9 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.rows import dict_row
 
-from vpay.money.ids import new_id
+from vpay.base import secretbox
 from vpay.base.queries import Q
-
-
+from vpay.money.ids import new_id
 from vpay.webhooks.policy import allow_private, check_url
 from vpay.webhooks.signing import new_secret
 
@@ -33,8 +32,6 @@ class EndpointLimitReached(ValueError):
     """The merchant has ``MAX_ENDPOINTS_PER_MERCHANT`` endpoints already."""
 
 
-
-
 def add_endpoint(conn: psycopg.Connection, merchant_id: str, url: str, *,
                  permit_private: bool | None = None,
                  resolver: Callable[[str, int], list[str]] | None = None,
@@ -49,10 +46,12 @@ def add_endpoint(conn: psycopg.Connection, merchant_id: str, url: str, *,
     defaults to ``VPAY_WEBHOOKS_ALLOW_PRIVATE``), ``LookupError`` for an
     unknown merchant, ``EndpointLimitReached`` when the merchant has
     ``limit`` endpoints already (None: no limit). Nothing is written when it
-    raises."""
+    raises. The secret is stored sealed (``vpay.base.secretbox``;
+    ``ConfigError`` without keys)."""
     allowed = allow_private() if permit_private is None else permit_private
     check_url(url, allow_private=allowed, resolver=resolver)
     secret = new_secret()
+    sealed = secretbox.default().seal(secret)
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         held = cur.execute(Q["webhook_endpoint_lock_merchant"], {"merchant_id": merchant_id}).fetchone()
         if held is None:
@@ -61,7 +60,7 @@ def add_endpoint(conn: psycopg.Connection, merchant_id: str, url: str, *,
             raise EndpointLimitReached(f"merchant {merchant_id} has {held['endpoints']} webhook "
                                        f"endpoints; the limit is {limit}")
         row = cur.execute(Q["webhook_endpoint_insert"], {
-            "id": new_id("we"), "merchant_id": merchant_id, "url": url, "secret": secret,
+            "id": new_id("we"), "merchant_id": merchant_id, "url": url, "secret": sealed,
             "enabled_events": list(enabled_events or ["*"]), "description": description}).fetchone()
     log.info("webhook endpoint added", extra={"endpoint_id": row["id"], "merchant_id": merchant_id,
                                               "host": urlsplit(url).hostname})
@@ -150,13 +149,15 @@ def rotate_secret(conn: psycopg.Connection, endpoint_id: str,
     (or, with ``merchant_id``, not that merchant's). For ``overlap_seconds`` (default 24 h) the
     old secret keeps signing next to the new one, so a receiver can switch
     without failing a delivery (Standard Webhooks, "Webhook headers");
-    0 revokes the old secret at once. Raises ``ValueError`` when negative."""
+    0 revokes the old secret at once. Raises ``ValueError`` when negative.
+    The new secret is stored sealed; the old one stays as it was stored."""
     if overlap_seconds < 0:
         raise ValueError("overlap_seconds must be >= 0")
     secret = new_secret()
+    sealed = secretbox.default().seal(secret)
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q["webhook_endpoint_rotate_secret"], {
-            "id": endpoint_id, "secret": secret, "overlap": float(overlap_seconds),
+            "id": endpoint_id, "secret": sealed, "overlap": float(overlap_seconds),
             "merchant_id": merchant_id}).fetchone()
     if row is None:
         return None
