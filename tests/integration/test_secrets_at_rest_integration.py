@@ -114,11 +114,11 @@ def test_plaintext_rows_from_before_0018_are_sealed_by_migrate(db, db_url, monke
     from vpay.cli import main
     monkeypatch.setenv("VPAY_DATABASE_URL", db_url)
     monkeypatch.delenv("VPAY_SECRET_KEYS")
-    without = CliRunner().invoke(main, ["migrate"])
+    without = CliRunner().invoke(main, ["migrate", "--json"])
     assert without.exit_code == 0 and '"plaintext_secrets": 1' in without.output
     assert sealing.plaintext_count(db) == 1  # no key: left as it was, and said so
     box = _use_keys(monkeypatch, new_key())
-    result = CliRunner().invoke(main, ["migrate"])
+    result = CliRunner().invoke(main, ["migrate", "--json"])
     assert result.exit_code == 0, result.output
     assert '"sealed_secrets": 1' in result.output
     assert sealing.plaintext_count(db) == 0
