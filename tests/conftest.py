@@ -31,7 +31,7 @@ from psycopg import sql
 
 from vpay.base import db as vdb
 
-TABLES = ("settlement_evidence", "statement_lines", "statements", "alerts", "events", "jobs", "refunds", "charges", "payment_intents", "webhook_endpoints", "merchants")
+TABLES = ("operator_actions", "operator_sessions", "login_failures", "operators", "rail_calls", "resolution_proposals", "console_samples", "settlement_evidence", "statement_lines", "statements", "alerts", "events", "jobs", "refunds", "charges", "payment_intents", "webhook_endpoints", "merchants")
 _RUN = uuid.uuid4().hex[:8]
 _LOCK = 7_316_240_052
 

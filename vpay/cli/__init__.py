@@ -16,6 +16,7 @@ from vpay.base import logs
 from vpay.cli.alerts import alerts
 from vpay.cli.api import api
 from vpay.cli.charges import charges
+from vpay.cli.console import console, operators
 from vpay.cli.common import VpayGroup, guarded_main, log_level, log_level_option
 from vpay.cli.demo import demo
 from vpay.cli.jobs import jobs
@@ -43,7 +44,7 @@ def main(level: str | None) -> None:
 
 
 for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,
-                jobs, alerts, prune, charges, statements):
+                jobs, alerts, prune, charges, statements, console, operators):
     main.add_command(command)
 
 

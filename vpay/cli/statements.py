@@ -64,8 +64,8 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
     url, _ = open_db()
     with connect(url) as conn:
         try:
-            result = importer.run(conn, data, rail=rail, profile=chosen, file_name=file.name, apply=apply,
-                                  lag_seconds=lag_minutes * 60)
+            result = importer.run_audited(conn, data, rail=rail, profile=chosen, file_name=file.name,
+                                          apply=apply, lag_seconds=lag_minutes * 60)
         except BadFile as exc:
             fail(f"{file.name}: {exc}")
     if exceptions_csv is not None:

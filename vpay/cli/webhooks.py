@@ -81,8 +81,11 @@ def list_(merchant: str | None) -> None:
 @click.argument("endpoint_id")
 def disable(endpoint_id: str) -> None:
     """Stop deliveries to an endpoint; its pending deliveries end unsent."""
-    with _connect() as conn:
+    from vpay.money.audit import audited
+    with _connect() as conn, audited(conn, actor=None, action="webhooks.disable",
+                                     target=f"endpoint:{endpoint_id}") as done:
         row = _wh().disable_endpoint(conn, endpoint_id, "disabled by an operator")
+        done.result = "ok" if row else "refused: unknown endpoint"
     if row is None:
         _unknown(endpoint_id)
     _echo(row)
@@ -93,11 +96,31 @@ def disable(endpoint_id: str) -> None:
 def enable(endpoint_id: str) -> None:
     """Deliver to an endpoint again. After a URL-policy hold, what waited is
     re-queued (printed as requeued); otherwise events from now on."""
-    with _connect() as conn:
+    from vpay.money.audit import audited
+    with _connect() as conn, audited(conn, actor=None, action="webhooks.enable",
+                                     target=f"endpoint:{endpoint_id}") as done:
         row = _wh().enable_endpoint(conn, endpoint_id)
+        done.result = "ok" if row else "refused: unknown endpoint"
     if row is None:
         _unknown(endpoint_id)
     _echo(row)
+
+
+@webhooks.command("redeliver")
+@click.argument("event_id")
+@click.option("--endpoint", "endpoint_id", required=True, help="The endpoint to send it to (we_...).")
+def redeliver(event_id: str, endpoint_id: str) -> None:
+    """Send an event to an endpoint again, due now (the retry schedule restarts)."""
+    from vpay.money.audit import audited
+    with _connect() as conn, audited(conn, actor=None, action="webhooks.redeliver",
+                                     target=f"event:{event_id}", note=f"to {endpoint_id}") as done:
+        job = _wh().redeliver(conn, event_id, endpoint_id)
+        done.result = f"ok: job {job}" if job else "refused: unknown, disabled or in flight"
+    if job is None:
+        click.echo(f"vpay: cannot redeliver {event_id!r} to {endpoint_id!r} (unknown, not its merchant's, "
+                   "disabled, or a delivery in flight)", err=True)
+        sys.exit(1)
+    _echo({"event": event_id, "endpoint": endpoint_id, "job": job})
 
 
 @webhooks.command("rotate-secret")
