@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 
 from vpay.base.queries import Q
 from vpay.console import accounts
-from vpay.console.app import COOKIE, LOGIN_COOKIE, ConsoleApp, new_login_token, set_session_cookie
+from vpay.console.web import COOKIE, LOGIN_COOKIE, ConsoleApp, new_login_token, set_session_cookie
 
 PAGE = 50
 
