@@ -101,7 +101,7 @@ class Login:
         self.app = app
 
     def on_get(self, req, resp):
-        _render(self.app, req, resp, "login.html", login_token=new_login_token(self.app, resp))
+        _render(self.app, req, resp, "login.html", login_token=new_login_token(self.app, req, resp))
 
     def on_post(self, req, resp):
         form = req.context.form
@@ -117,7 +117,7 @@ class Login:
                 accounts.sign_out(conn, old[0])
             signed = accounts.sign_in(conn, _one(form, "email"), _one(form, "password"), address)
         if signed is None:
-            _render(self.app, req, resp, "login.html", http_status=401, login_token=new_login_token(self.app, resp),
+            _render(self.app, req, resp, "login.html", http_status=401, login_token=new_login_token(self.app, req, resp),
                     error="Wrong email or password, or too many attempts: wait and try again.")
             return
         session_id, _op = signed

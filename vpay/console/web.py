@@ -46,7 +46,7 @@ MAX_FORM_BYTES = 10 * 1024 * 1024
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 
-PUBLIC = ("/login", "/static/")
+PUBLIC = ("/login", "/static/", "/favicon.ico")
 ADMIN_POSTS = ("/webhooks/endpoints/",)
 STATIC = {"htmx-2.0.4.min.js": "text/javascript", "htmx-LICENSE.txt": "text/plain; charset=utf-8",
           "console.css": "text/css"}
@@ -87,7 +87,7 @@ class Guard:
         req.context.started = time.monotonic()
         req.context.session = None
         req.context.form = {}
-        if req.path.startswith("/static/"):
+        if req.path.startswith("/static/") or req.path == "/favicon.ico":
             return
         if req.method == "POST":
             req.context.form = _read_form(req)
@@ -173,9 +173,12 @@ def set_session_cookie(app: ConsoleApp, resp: falcon.Response, value: str, *, ma
                     same_site="Strict")
 
 
-def new_login_token(app: ConsoleApp, resp: falcon.Response) -> str:
-    """A fresh sign-in CSRF token, also set as the pre-session cookie."""
-    token = secrets.token_urlsafe(24)
+def new_login_token(app: ConsoleApp, req: falcon.Request, resp: falcon.Response) -> str:
+    """The sign-in CSRF token, also set as the pre-session cookie: the one
+    the browser holds, if any (a second GET /login, e.g. the browser's own
+    favicon request redirected here, must not void the open form), else new."""
+    held = req.get_cookie_values(LOGIN_COOKIE)
+    token = held[0] if held and 20 <= len(held[0]) <= 64 else secrets.token_urlsafe(24)
     resp.set_cookie(LOGIN_COOKIE, token, max_age=3600, path="/login", secure=app.secure_cookie,
                     http_only=True, same_site="Strict")
     return token
