@@ -11,7 +11,8 @@ setup(
     # plain (non-editable) install finds the migrations and named queries.
     packages=find_packages(include=["vpay", "vpay.*"]) + ["vpay.sql", "vpay.sql.queries"],
     package_dir={"vpay.sql": "sql", "vpay.sql.queries": "sql/queries"},
-    package_data={"vpay.sql": ["*.sql"], "vpay.sql.queries": ["*.sql"]},
+    package_data={"vpay.sql": ["*.sql"], "vpay.sql.queries": ["*.sql"],
+                  "vpay.console": ["templates/*.html", "static/*"]},
     install_requires=[
         "psycopg[binary,pool]>=3.1",
         "requests>=2.31",
@@ -29,6 +30,8 @@ setup(
         "standardwebhooks>=1.0",
         "prometheus_client>=0.20",
         "openpyxl>=3.1",  # statements exported as .xlsx
+        "argon2-cffi>=23.1",  # console operators' passwords (argon2id)
+        "jinja2>=3.1",  # the console's server-rendered pages
     ],
     extras_require={
         "test": [
@@ -48,6 +51,9 @@ setup(
             # from it (tests/acceptance/test_merchant_api_schemathesis.py).
             "openapi-spec-validator>=0.7",
             "schemathesis>=4,<5",
+            # The console's browser tests drive Debian's chromium (never
+            # `playwright install`: tests/acceptance/test_console_browser.py).
+            "playwright>=1.40",
         ],
         # bench/peers.py holds vpay against a peer queue in the same run; never
         # a runtime dependency.

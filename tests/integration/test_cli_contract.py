@@ -55,6 +55,8 @@ CASES: dict[tuple[str, ...], Case] = {
     ("charges", "resolve"): Case(("ch_x", "--outcome", "failed", "--evidence", "e"),
                                  ("ch_nope", "--outcome", "failed", "--evidence", "e"),
                                  ("ch_x", "--outcome", "maybe", "--evidence", "e")),
+    ("console",): Case((), "takes no id", ("--bind", "127.0.0.1:99999"),
+                       "does not contact the database at start, like api (tests/integration/test_console.py)"),
     ("demo",): Case((), "takes no id", ("--database", "Not-A-Name"),
                     "makes its own database and processes: test_demo.py"),
     ("jobs", "list"): Case((), "filters only", ("--lane", "bogus")),
@@ -65,6 +67,12 @@ CASES: dict[tuple[str, ...], Case] = {
     ("merchants", "list"): Case(),
     ("merchants", "revoke-key"): Case(("key_x",), ("key_nope",), "any text is a key id (an unknown one: 1)"),
     ("migrate",): Case(),
+    ("operators", "create"): Case(("--email", "o@example.com", "--role", "viewer"),
+                                  "an email, not an id (a taken one: 1, tests/integration/test_console.py)",
+                                  ("--email", "o@example.com", "--role", "root")),
+    ("operators", "disable"): Case(("--email", "o@example.com"), ("--email", "nobody@example.com"),
+                                   "any text is an email (an unknown one: 1)"),
+    ("operators", "list"): Case(),
     ("payments", "create"): Case(("--merchant", "m_exists", "--amount", "100", "--currency", "EUR", "--payer",
                                   "256770000001"),
                                  ("--merchant", "NOPE", "--amount", "100", "--currency", "EUR", "--payer",
@@ -90,12 +98,14 @@ CASES: dict[tuple[str, ...], Case] = {
     ("webhooks", "disable"): Case(("we_x",), ("we_nope",), "any text is an id (an unknown one: 1)"),
     ("webhooks", "enable"): Case(("we_x",), ("we_nope",), "any text is an id (an unknown one: 1)"),
     ("webhooks", "list"): Case((), ("--merchant", "NOPE"), "filters only"),
+    ("webhooks", "redeliver"): Case(("evt_x", "--endpoint", "we_x"), ("evt_nope", "--endpoint", "we_nope"),
+                                    "any text is an id (an unknown one: 1)"),
     ("webhooks", "rotate-secret"): Case(("we_x",), ("we_nope",), ("we_x", "--overlap-hours", "-1")),
     ("worker",): Case((), "takes no id", ("--idle-sleep", "nan"),
                       "a real process: test_cli_errors.py::test_the_worker_with_the_database_down"),
 }
 
-SERVICES = {("api",), ("demo",), ("sandbox-rail",), ("worker",)}
+SERVICES = {("api",), ("console",), ("demo",), ("sandbox-rail",), ("worker",)}
 """Commands that run rather than print data: no --json."""
 
 
@@ -250,6 +260,9 @@ def test_every_data_command_prints_valid_json(invoke, db, db_url, sandbox, files
               "--payer", "256770000001")
     charge = paid["charge"]["id"]
     ok("payments", "show", charge)
+    event = db.execute("SELECT id FROM events ORDER BY created_at LIMIT 1").fetchone()[0]
+    db.execute("DELETE FROM jobs WHERE kind IN ('fanout', 'deliver')")  # none in flight
+    ok("webhooks", "redeliver", event, "--endpoint", endpoint["id"])
     ok("charges", "list", "--status", "pending")
     db.execute("INSERT INTO alerts (kind, charge_id, details) VALUES ('charge_unresolved', %s, '{}')", (charge,))
     ok("alerts", "list")
@@ -264,6 +277,9 @@ def test_every_data_command_prints_valid_json(invoke, db, db_url, sandbox, files
     imported = ok("statements", "import", files["statement"], "--rail", "mtn", "--profile", "sandbox", "--apply")
     ok("statements", "list")
     ok("statements", "show", imported["statement"])
+    ok("operators", "create", "--email", "json@example.com", "--role", "viewer")
+    ok("operators", "list")
+    ok("operators", "disable", "--email", "json@example.com")
     assert ok("secrets", "new-key")["key"]
     assert ok("secrets", "rotate")["resealed"] >= 0
     assert set(seen) == set(TREE) - SERVICES

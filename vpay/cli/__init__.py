@@ -17,6 +17,7 @@ from vpay.cli.api import api
 from vpay.cli.charges import charges
 import vpay.money  # noqa: F401  (the domain registers its lanes before any command reads them)
 from vpay.cli.common import VpayGroup, guarded_main, log_level_option, setup_logging
+from vpay.cli.console import console, operators
 from vpay.cli.demo import demo
 from vpay.cli.jobs import jobs
 from vpay.cli.merchants import merchants
@@ -45,7 +46,7 @@ def main(level: str | None) -> None:
 
 
 for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,
-                jobs, alerts, prune, charges, statements, secrets):
+                jobs, alerts, prune, charges, statements, secrets, console, operators):
     main.add_command(command)
 
 

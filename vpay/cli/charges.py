@@ -64,10 +64,13 @@ def list_(status: str, older_than: float, limit: int, as_json: bool) -> None:
 @json_option
 def resolve(charge_id: str, outcome: str, evidence: str, as_json: bool) -> None:
     """Settle an unresolved charge (or a pending one with an open alert) on evidence."""
+    from vpay.money.audit import audited, os_actor
     from vpay.money.resolve import Refused as NotResolvable, resolve_charge
     with connect_db() as conn:
         try:
-            result = resolve_charge(conn, charge_id, outcome, evidence)
+            with audited(conn, actor=os_actor(), action="charges.resolve", target=f"charge:{charge_id}",
+                         note=f"{outcome}: {evidence}"[:2000]):
+                result = resolve_charge(conn, charge_id, outcome, evidence)
         except NotResolvable as exc:
             if exc.code == "bad_evidence":
                 raise click.BadParameter(str(exc), param_hint="--evidence") from None

@@ -24,13 +24,9 @@ COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", 
 
 
 def _actor() -> str:
-    import getpass
-    import socket
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    """The CLI's audit actor: the OS user (``vpay.money.audit.os_actor``)."""
+    from vpay.money.audit import os_actor
+    return os_actor()
 
 
 def _known_kind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -70,8 +70,8 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
         raise Refused(f"{file.name}: {exc}") from None
     with connect_db() as conn:
         try:
-            result = importer.run(conn, raw, rail=rail, profile=chosen, file_name=file.name, apply=apply,
-                                  lag_seconds=lag, period=period)
+            result = importer.run_audited(conn, raw, rail=rail, profile=chosen, file_name=file.name,
+                                          apply=apply, lag_seconds=lag, period=period)
         except BadFile as exc:
             raise Refused(f"{file.name}: {exc}") from None
         except importer.Busy as exc:

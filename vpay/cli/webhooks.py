@@ -91,9 +91,12 @@ def list_(merchant: str | None, as_json: bool) -> None:
 @json_option
 def disable(endpoint_id: str, as_json: bool) -> None:
     """Stop deliveries to an endpoint; its pending deliveries end unsent."""
-    with connect_db() as conn:
-        row = _found(_wh().disable_endpoint(conn, endpoint_id, "disabled by an operator"), endpoint_id)
-    emit(row, as_json)
+    from vpay.money.audit import audited
+    with connect_db() as conn, audited(conn, actor=None, action="webhooks.disable",
+                                       target=f"endpoint:{endpoint_id}") as done:
+        row = _wh().disable_endpoint(conn, endpoint_id, "disabled by an operator")
+        done.result = "ok" if row else "refused: unknown endpoint"
+    emit(_found(row, endpoint_id), as_json)
 
 
 @webhooks.command("enable")
@@ -102,9 +105,31 @@ def disable(endpoint_id: str, as_json: bool) -> None:
 def enable(endpoint_id: str, as_json: bool) -> None:
     """Deliver to an endpoint again. After a URL-policy hold, what waited is
     re-queued (printed as requeued); otherwise events from now on."""
-    with connect_db() as conn:
-        row = _found(_wh().enable_endpoint(conn, endpoint_id), endpoint_id)
-    emit(row, as_json)
+    from vpay.money.audit import audited
+    with connect_db() as conn, audited(conn, actor=None, action="webhooks.enable",
+                                       target=f"endpoint:{endpoint_id}") as done:
+        row = _wh().enable_endpoint(conn, endpoint_id)
+        done.result = "ok" if row else "refused: unknown endpoint"
+    emit(_found(row, endpoint_id), as_json)
+
+
+@webhooks.command("redeliver")
+@click.argument("event_id")
+@click.option("--endpoint", "endpoint_id", required=True, help="The endpoint to send it to (we_...).")
+@json_option
+def redeliver(event_id: str, endpoint_id: str, as_json: bool) -> None:
+    """Send an event to an endpoint again, due now (the retry schedule restarts).
+    Exit 1: unknown event or endpoint, not the event's merchant's, disabled,
+    or a delivery of it in flight."""
+    from vpay.money.audit import audited
+    with connect_db() as conn, audited(conn, actor=None, action="webhooks.redeliver",
+                                       target=f"event:{event_id}", note=f"to {endpoint_id}") as done:
+        job = _wh().redeliver(conn, event_id, endpoint_id)
+        done.result = f"ok: job {job}" if job else "refused: unknown, disabled or in flight"
+    if job is None:
+        raise Refused(f"cannot redeliver {event_id!r} to {endpoint_id!r} (unknown, not its merchant's, "
+                      "disabled, or a delivery in flight)")
+    emit({"event": event_id, "endpoint": endpoint_id, "job": job}, as_json)
 
 
 @webhooks.command("rotate-secret")

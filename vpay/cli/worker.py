@@ -129,6 +129,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         raise Unavailable(line) from None
     if collector is not None:
         collector.pool = pool
+    from vpay.rails.calls import database_recorder, set_recorder
+    set_recorder(database_recorder(pool))  # rail_calls: the console's payment timelines
     handler_ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
     config = WorkerConfig(worker_id=wid, concurrency=worker_concurrency,
                           shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,

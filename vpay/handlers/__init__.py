@@ -16,7 +16,7 @@ __all__ = ["HOURLY", "REGISTRY", "SCHEDULED", "Context", "Handler", "ensure_sche
 
 
 def _load() -> None:
-    from vpay.handlers import poll, refund_poll, resubmit, scan, sweep, webhooks  # noqa: F401  (registers)
+    from vpay.handlers import poll, refund_poll, resubmit, sample, scan, sweep, webhooks  # noqa: F401  (registers)
     if os.environ.get("VPAY_TEST_HANDLERS") == "1":
         from vpay.handlers import testing  # noqa: F401
 

@@ -105,13 +105,15 @@ def handle(job: Job, ctx: Context) -> Outcome:
 
 
 HOURLY = 3600.0
-SCHEDULED = {"scan:live": "scan", "sweep:expired": "sweep"}
-"""The hourly jobs that exist from worker boot and reschedule themselves."""
+SCHEDULED = {"scan:live": "scan", "sweep:expired": "sweep", "sample:overview": "sample"}
+"""The jobs that exist from worker boot and reschedule themselves (hourly;
+``sample:overview`` every minute, its first a minute after boot)."""
+_FIRST_DELAY = {"sample:overview": 60.0}
 
 
 def ensure_scheduled(conn) -> None:
-    """Enqueue ``scan:live`` and ``sweep:expired`` unless they exist
-    (``ON CONFLICT DO NOTHING``): every worker calls this at boot."""
+    """Enqueue ``SCHEDULED`` unless they exist (``ON CONFLICT DO NOTHING``):
+    every worker calls this at boot."""
     from vpay.engine.queue import enqueue
     for key, kind in SCHEDULED.items():
-        enqueue(conn, kind, key, {}, delay=0)
+        enqueue(conn, kind, key, {}, delay=_FIRST_DELAY.get(key, 0))

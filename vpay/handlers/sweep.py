@@ -3,7 +3,8 @@ crash recovery": the third place leases are reaped). It reaps expired leases,
 escalates every charge and every refund still pending past the 24-hour
 horizon (even one whose poll job was dead-lettered: "The escalation does not
 depend on the rail answering"), deletes Idempotency-Key records past their 24 hours,
-prunes finished rows older than ``VPAY_RETENTION_DAYS`` (``vpay.money.operator.prune``;
+prunes finished rows older than ``VPAY_RETENTION_DAYS`` (``vpay.money.operator.prune``, and
+``vpay.money.overview.prune`` for ``rail_calls``;
 0 keeps everything), and reschedules itself; it never ends (``RetryAfter``
 one hour)."""
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from vpay.money import charges, operator, pollable, refunds
+from vpay.money import charges, operator, overview, pollable, refunds
 from vpay.engine import queue
 from vpay.engine.outcome import RetryAfter
 from vpay.base.queries import Q
@@ -30,6 +31,8 @@ def sweep(job, ctx):
         escalated_refunds = pollable.escalate(conn, refunds.REFUNDS, None, horizon)
         days = ctx.settings.retention_days
         pruned = operator.prune(conn, days) if days > 0 else {}
+        if days > 0:  # the console's rail-call log and sign-in failures, under the same retention
+            pruned = {**pruned, **overview.prune(conn, days)}
     log.info("sweep", extra={"worker_id": ctx.worker_id, "reaped": len(reaped),
                              "idempotency_keys_deleted": keys, "escalated": len(escalated),
                              "escalated_refunds": len(escalated_refunds),

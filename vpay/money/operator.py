@@ -24,6 +24,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from vpay.base.queries import Q
+from vpay.money.audit import audited
 
 log = logging.getLogger("vpay.operator")
 
@@ -32,7 +33,7 @@ LIST_LIMIT = 1000
 MAX_NOTE = 2000
 
 
-class Refused(Exception):
+class Refused(ValueError):
     """The data refuses the request (exit 1): ``problems`` is one line per
     id that does not qualify; nothing was changed."""
 
@@ -69,20 +70,19 @@ def _check(found: list[dict[str, Any]], ids: Sequence[int], wanted: str, why: st
 
 
 def retry(conn: psycopg.Connection, ids: Sequence[int], note: str,
-          actor: str) -> list[dict[str, Any]]:
+          actor: str, via: str = "cli") -> list[dict[str, Any]]:
     """Re-queue dead letters ``ids`` (due now, ``failures = 0``; a ``deliver``
     job also restarts its webhook schedule, ``attempts = 0``) and acknowledge
     their open ``job_dead_lettered`` alerts with ``note``. Raises ``Refused``
     (nothing changed) when an id is unknown or not dead-lettered. Logs one
     audit line per job. Answers ``[{id, kind, dedupe_key, attempts,
-    last_error, alerts_acknowledged}]``."""
+    last_error, alerts_acknowledged}]``. Audited (``operator_actions``,
+    action ``jobs.retry``, one row per call) as ``actor`` ``via`` cli or console."""
     ids = sorted(set(ids))
-    with conn.transaction():
-        _check(_locked(conn, ids), ids, "dead", "not a dead letter")
-        with conn.cursor(row_factory=dict_row) as cur:
-            rows = cur.execute(Q["op_jobs_retry"], {"ids": ids, "note": note}).fetchall()
-        if len(rows) != len(ids):  # changed between the check and the update: refuse all
-            raise Refused([f"job {i} changed meanwhile" for i in set(ids) - {r["id"] for r in rows}])
+    with audited(conn, actor=actor, action="jobs.retry", target=_target("job", ids), note=note,
+                 via=via) as done:
+        rows = _retry(conn, ids, note)
+        done.result = f"ok: {len(rows)} retried"
     for row in rows:
         log.warning("operator retried a dead letter", extra={
             "audit": True, "actor": actor, "job_id": row["id"], "kind": row["kind"],
@@ -90,12 +90,41 @@ def retry(conn: psycopg.Connection, ids: Sequence[int], note: str,
     return rows
 
 
-def release(conn: psycopg.Connection, ids: Sequence[int], actor: str) -> list[dict[str, Any]]:
+def _target(noun: str, ids: Sequence[Any]) -> str:
+    """An audit row's target: ``job:12`` for one, ``job:12,13,…`` (cut) for many."""
+    text = f"{noun}:" + ",".join(str(i) for i in ids)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _retry(conn: psycopg.Connection, ids: list[int], note: str) -> list[dict[str, Any]]:
+    with conn.transaction():
+        _check(_locked(conn, ids), ids, "dead", "not a dead letter")
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(Q["op_jobs_retry"], {"ids": ids, "note": note}).fetchall()
+        if len(rows) != len(ids):  # changed between the check and the update: refuse all
+            raise Refused([f"job {i} changed meanwhile" for i in set(ids) - {r["id"] for r in rows}])
+    return rows
+
+
+def release(conn: psycopg.Connection, ids: Sequence[int], actor: str,
+            via: str = "cli") -> list[dict[str, Any]]:
     """Free stranded leases ``ids`` (past their own ``lease_expires_at``), as
     the reaper would, due now. Raises ``Refused`` (nothing changed) when an id
     is unknown or its lease is live or absent. Logs one audit line per job.
-    Answers ``[{id, kind, dedupe_key, failures, last_error}]``."""
+    Answers ``[{id, kind, dedupe_key, failures, last_error}]``. Audited
+    (action ``jobs.release``)."""
     ids = sorted(set(ids))
+    with audited(conn, actor=actor, action="jobs.release", target=_target("job", ids), via=via) as done:
+        rows = _release(conn, ids)
+        done.result = f"ok: {len(rows)} released"
+    for row in rows:
+        log.warning("operator released a stranded lease", extra={
+            "audit": True, "actor": actor, "job_id": row["id"], "kind": row["kind"],
+            "dedupe_key": row["dedupe_key"], "last_error": row["last_error"]})
+    return rows
+
+
+def _release(conn: psycopg.Connection, ids: list[int]) -> list[dict[str, Any]]:
     with conn.transaction():
         _check(_locked(conn, ids), ids, "stranded",
                "not a stranded lease (only a lease past its lease_expires_at may be released)")
@@ -103,10 +132,6 @@ def release(conn: psycopg.Connection, ids: Sequence[int], actor: str) -> list[di
             rows = cur.execute(Q["op_jobs_release"], {"ids": ids}).fetchall()
         if len(rows) != len(ids):
             raise Refused([f"job {i} changed meanwhile" for i in set(ids) - {r["id"] for r in rows}])
-    for row in rows:
-        log.warning("operator released a stranded lease", extra={
-            "audit": True, "actor": actor, "job_id": row["id"], "kind": row["kind"],
-            "dedupe_key": row["dedupe_key"], "last_error": row["last_error"]})
     return rows
 
 
@@ -135,11 +160,25 @@ def check_note(note: str) -> str:
     return note
 
 
-def ack(conn: psycopg.Connection, ids: Sequence[int], note: str, actor: str) -> list[dict[str, Any]]:
+def ack(conn: psycopg.Connection, ids: Sequence[int], note: str, actor: str,
+        via: str = "cli") -> list[dict[str, Any]]:
     """Acknowledge open alerts ``ids`` with ``note`` (stored on the alert).
     Raises ``Refused`` (nothing changed) when an id is unknown or already
-    acknowledged. Answers the alerts as acknowledged."""
+    acknowledged. Answers the alerts as acknowledged. Audited (action
+    ``alerts.ack``)."""
     ids = sorted(set(ids))
+    with audited(conn, actor=actor, action="alerts.ack", target=_target("alert", ids), note=note,
+                 via=via) as done:
+        rows = _ack(conn, ids, note)
+        done.result = f"ok: {len(rows)} acknowledged"
+    for row in rows:
+        log.info("operator acknowledged an alert", extra={
+            "audit": True, "actor": actor, "alert_id": row["id"], "kind": row["kind"],
+            "charge_id": row["charge_id"], "note": note})
+    return rows
+
+
+def _ack(conn: psycopg.Connection, ids: list[int], note: str) -> list[dict[str, Any]]:
     with conn.transaction():
         conn.execute("SELECT id FROM alerts WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ids,))
         found = {r["id"]: r for r in list_alerts(conn, ids=ids, limit=len(ids) or 1)}
@@ -150,10 +189,6 @@ def ack(conn: psycopg.Connection, ids: Sequence[int], note: str, actor: str) -> 
             raise Refused(problems)
         with conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(Q["op_alerts_ack"], {"ids": ids, "note": note}).fetchall()
-    for row in rows:
-        log.info("operator acknowledged an alert", extra={
-            "audit": True, "actor": actor, "alert_id": row["id"], "kind": row["kind"],
-            "charge_id": row["charge_id"], "note": note})
     return rows
 
 

@@ -1,6 +1,9 @@
 """Every rail call counted, timed and logged in one place: the ``rail_call``
 decorator the adapters put on each port method (docs/observability.md,
-``vpay_rail_requests_total``, ``vpay_rail_request_seconds``)."""
+``vpay_rail_requests_total``, ``vpay_rail_request_seconds``), and stored as
+one ``rail_calls`` row when the process has set a recorder (the worker and
+the API do: ``set_recorder(database_recorder(pool))``; the console's payment
+timeline reads them)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,32 @@ from vpay.base.metrics import RAIL_REQUESTS, RAIL_SECONDS
 from vpay.rails.port import RailPaused
 
 rail_log = logging.getLogger("vpay.rails")
+
+_recorder: Callable[[dict], None] | None = None
+
+
+def set_recorder(recorder: Callable[[dict], None] | None) -> None:
+    """Give every rail call of this process to ``recorder(call)`` (None: stop).
+    ``call`` is ``{rail, operation, reference, charge_id, refund_id,
+    http_status, answer, reason, latency_ms}``."""
+    global _recorder
+    _recorder = recorder
+
+
+def database_recorder(pool) -> Callable[[dict], None]:
+    """A recorder writing one ``rail_calls`` row per call through ``pool``
+    (autocommit). Best effort: a row that cannot be written is logged and
+    dropped; the rail's answer never waits on it for more than 2 s, and a
+    failure to record never fails the call."""
+    from vpay.base.queries import Q
+
+    def record(call: dict) -> None:
+        try:
+            with pool.connection(timeout=2.0) as conn:
+                conn.execute(Q["rail_call_insert"], call)
+        except Exception as exc:  # noqa: BLE001 - the record is secondary to the call
+            rail_log.warning("rail call not recorded", extra={"error": type(exc).__name__})
+    return record
 
 
 CALL_IDS = ("charge_id", "refund_id", "rail_reference", "charge_rail_reference")
@@ -65,6 +94,13 @@ def rail_call(operation: str) -> Callable:
                                  "http_status": http_status, "reason": getattr(result, "reason", None),
                                  "seconds": round(seconds, 3), "sent": sent,
                                  **_call_ids(args)})
+                if sent and _recorder is not None:
+                    ids = _call_ids(args)
+                    _recorder({"rail": self.code, "operation": operation,
+                               "reference": ids.get("rail_reference"), "charge_id": ids.get("charge_id"),
+                               "refund_id": ids.get("refund_id"), "http_status": http_status,
+                               "answer": answer, "reason": getattr(result, "reason", None),
+                               "latency_ms": int(seconds * 1000)})
         return call
     return wrap
 

@@ -102,6 +102,22 @@ def run(conn: psycopg.Connection, raw: RawStatement | bytes, *, rail: str, profi
             conn.execute(Q["statement_import_unlock"], {"rail": rail})
 
 
+def run_audited(conn: psycopg.Connection, data: Any, *, actor: str | None = None, via: str = "cli",
+                **kwargs: Any) -> dict[str, Any]:
+    """``run``, and when it applies, one ``operator_actions`` row (action
+    ``statements.apply``, target ``statement:<id>``; a refused file is
+    recorded too). A dry run writes nothing, so it is not audited. ``actor``
+    None: the OS user (the CLI)."""
+    from vpay.money.audit import audited
+    if not kwargs.get("apply"):
+        return run(conn, data, **kwargs)
+    with audited(conn, actor=actor, action="statements.apply", target=f"file:{kwargs.get('file_name')}",
+                 via=via) as done:
+        result = run(conn, data, **kwargs)
+        done.result = f"ok: statement {result.get('statement')}"
+    return result
+
+
 # ---- step 1: the record ----------------------------------------------------------
 
 

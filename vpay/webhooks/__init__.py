@@ -11,7 +11,7 @@ nothing here touches the queue. The names below are the package's public
 surface, imported from their modules.
 """
 
-from vpay.webhooks.endpoints import MAX_ENDPOINTS_PER_MERCHANT, EndpointLimitReached, add_endpoint, delete_endpoint, get_endpoint, disable_endpoint, enable_endpoint, held_by_policy, hold_endpoint, list_endpoints, rotate_secret
+from vpay.webhooks.endpoints import MAX_ENDPOINTS_PER_MERCHANT, EndpointLimitReached, add_endpoint, delete_endpoint, get_endpoint, disable_endpoint, enable_endpoint, held_by_policy, hold_endpoint, list_endpoints, redeliver, rotate_secret
 from vpay.webhooks.policy import ALLOW_PRIVATE_ENV, Target, UrlRefused, address_problem, allow_private, check_url, resolve_host
 from vpay.webhooks.schedule import MAX_ATTEMPTS, RETRY_AFTER_CAP_SECONDS, RETRY_SCHEDULE, Decision, decide, retry_delay
 from vpay.webhooks.signing import new_secret, payload, signature, signed_headers
@@ -21,6 +21,6 @@ __all__ = [
     "ALLOW_PRIVATE_ENV", "CONNECT_TIMEOUT_ENV", "MAX_ATTEMPTS", "MAX_RESPONSE_BYTES", "READ_TIMEOUT_ENV",
     "RETRY_AFTER_CAP_SECONDS", "RETRY_SCHEDULE", "Attempt", "Decision", "Target", "UrlRefused",
     "MAX_ENDPOINTS_PER_MERCHANT", "EndpointLimitReached", "add_endpoint", "delete_endpoint", "get_endpoint", "address_problem", "allow_private", "attempt_deadline", "check_url", "decide",
-    "disable_endpoint", "enable_endpoint", "held_by_policy", "hold_endpoint", "list_endpoints", "new_secret", "parse_retry_after", "payload",
+    "disable_endpoint", "enable_endpoint", "held_by_policy", "hold_endpoint", "list_endpoints", "new_secret", "parse_retry_after", "payload", "redeliver",
     "post", "resolve_host", "retry_delay", "rotate_secret", "signature", "signed_headers", "timeouts",
 ]

@@ -104,6 +104,17 @@ def enable_endpoint(conn: psycopg.Connection, endpoint_id: str) -> dict[str, Any
     return row
 
 
+def redeliver(conn: psycopg.Connection, event_id: str, endpoint_id: str) -> int | None:
+    """Send event ``event_id`` to endpoint ``endpoint_id`` again: its delivery
+    pending and its ``deliver:`` job due now, the retry schedule restarted
+    (``webhook_redeliver``). A delivery in flight is left to finish. Answers
+    the job id, or None when the event is unknown, not the endpoint's
+    merchant's, the endpoint disabled, or its job leased."""
+    with conn.transaction():
+        row = conn.execute(Q["webhook_redeliver"], {"event_id": event_id, "endpoint_id": endpoint_id}).fetchone()
+    return row[0] if row else None
+
+
 def hold_endpoint(conn: psycopg.Connection, endpoint_id: str, reason: str) -> bool:
     """Disable an endpoint whose URL the worker's policy refuses for good
     (``disabled_cause = 'url_policy'``) and raise one
