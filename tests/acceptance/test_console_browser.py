@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import datetime, timedelta, timezone
 import socket
 from pathlib import Path
 
@@ -163,8 +164,10 @@ def test_upload_a_statement_dry_run_then_apply(page_as, db, merchant, tmp_path):
                                      payer="256770000001")
     db.execute("UPDATE charges SET created_at = now() - interval '3 hours'")
     csv = tmp_path / "statement.csv"
+    # a line of two hours ago (a statement lists what happened: a future time is that line's error)
+    when = (datetime.now(timezone.utc) - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
     csv.write_text("reference,rail_transaction_id,msisdn,amount,currency,status,time\n"
-                   f"{created.charge['rail_reference']},tx1,256770000001,10.00,EUR,SUCCESSFUL,2030-01-01T00:00:00Z\n")
+                   f"{created.charge['rail_reference']},tx1,256770000001,10.00,EUR,SUCCESSFUL,{when}\n")
     page = page_as("ops@example.com")
     page.get_by_role("navigation").get_by_role("link", name="Statements").click()
     page.get_by_label("Statement file").set_input_files(str(csv))

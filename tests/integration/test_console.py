@@ -339,8 +339,10 @@ def test_upload_dry_run_then_apply_settles_through_the_importer(signed_in, db, m
     created = ch.create_payment(db, merchant_id=merchant, amount=1000, currency="EUR", rail="mtn", payer="256770000001")
     ref = created.charge["rail_reference"]
     db.execute("UPDATE charges SET created_at = now() - interval '3 hours'")
+    from datetime import datetime, timedelta, timezone
+    when = (datetime.now(timezone.utc) - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
     csv = ("reference,rail_transaction_id,msisdn,amount,currency,status,time\n"
-           f"{ref},tx9,256770000001,10.00,EUR,SUCCESSFUL,2030-01-01T00:00:00Z\n").encode()
+           f"{ref},tx9,256770000001,10.00,EUR,SUCCESSFUL,{when}\n").encode()
     c = signed_in()
     c.get("/statements")
     dry = c.post("/statements/import", {"rail": "mtn", "profile": "default"}, files={"file": ("s.csv", csv, "text/csv")})
@@ -353,6 +355,7 @@ def test_upload_dry_run_then_apply_settles_through_the_importer(signed_in, db, m
                                             "file_name": "s.csv", "apply": "1"})
     assert applied.status_code == 200, applied.text[:500]
     assert _count(db, "SELECT count(*) FROM statements") == 1
+    assert db.execute("SELECT status FROM charges").fetchone()[0] == "succeeded"
     assert db.execute("SELECT action, via FROM operator_actions").fetchall() == [("statements.apply", "console")]
 
 
