@@ -38,6 +38,9 @@ setup(
             # pins requests==2.21.0 and Click==7.0, which cannot install beside
             # vpay (docs/sandbox.md, "Conformance").
             "mtn-momo-client>=2.0.1,<3",
+            # A published Daraja client that drives the M-Pesa sandbox
+            # (tests/unit/test_sandbox_new_rails.py, importorskip).
+            "mpesakit>=2.2,<3",
         ],
         # bench/peers.py holds vpay against a peer queue in the same run; never
         # a runtime dependency.

@@ -296,7 +296,8 @@ class MpesaDaraja:
         try:
             response = self._call("POST", "/mpesa/stkpush/v1/processrequest", body, retry_sent=False)
         except NoAnswer as no:
-            log.warning("mpesa request_to_pay charge=%s -> no answer: %s", charge.charge_id, no.detail)
+            log.warning("mpesa request_to_pay charge=%s -> %s: %s", charge.charge_id,
+                        "refused for our configuration" if no.misconfigured else "no answer", no.detail)
             return no.submit()
         http = response.status_code
         payload = json_object(response.content) or {}
@@ -350,7 +351,8 @@ class MpesaDaraja:
         try:
             response = self._call("POST", "/mpesa/stkpushquery/v1/query", body)
         except NoAnswer as no:
-            log.warning("mpesa status charge=%s -> no answer: %s", charge.charge_id, no.detail)
+            log.warning("mpesa status charge=%s -> %s: %s", charge.charge_id,
+                        "refused for our configuration" if no.misconfigured else "no answer", no.detail)
             return no.status()
         return _status_from_response(response, checkout)
 
