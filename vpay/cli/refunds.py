@@ -21,7 +21,8 @@ from vpay.cli.errors import NotFound, Refused
 from vpay.cli.output import echo_record, emit, json_option
 
 # A refund that may not be made because of what the charge is (not how it was typed): exit 1.
-DATA_REFUSALS = ("charge_not_succeeded", "nothing_to_refund", "amount_exceeds_refundable")
+DATA_REFUSALS = ("charge_not_succeeded", "nothing_to_refund", "amount_exceeds_refundable",
+                 "refunds_not_supported")
 
 
 @click.group()

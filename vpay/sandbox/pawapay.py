@@ -26,7 +26,9 @@ lag_reads=0)`` or ``set_default``): ``approve`` (COMPLETED), ``decline``
 ``lag_reads=N``: the first N reads of an accepted deposit answer NOT_FOUND
 (pawaPay's read lagging its write). ``providers``: provider → (currency,
 country prefix) the double accepts (any other: REJECTED ``INVALID_PROVIDER``,
-a currency not the provider's: ``INVALID_CURRENCY``). Refunds of a COMPLETED
+a currency not the provider's: ``INVALID_CURRENCY``).
+``lose_next_answers(*codes)``: creations recorded but answered with these
+HTTP codes (the answer lost; a re-send is ``DUPLICATE_IGNORED``). Refunds of a COMPLETED
 deposit complete after ``refund_in_flight`` reads.
 """
 
@@ -123,6 +125,7 @@ class PawaPaySandbox(ServedDouble):
         self._txns: dict[tuple[str, str], _Txn] = {}
         self._scripts: dict[str, tuple[str, int, int]] = {}
         self._default: tuple[str, int, int] = ("approve", 0, 0)
+        self._lost: list[int] = []
         self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
         self._bind(host, port, _Handler)
 
@@ -149,8 +152,16 @@ class PawaPaySandbox(ServedDouble):
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}; counts >= 0")
         return outcome, in_flight, lag_reads
 
+    def lose_next_answers(self, *codes: int) -> None:
+        """The next deposit or refund creations are recorded (pawaPay took
+        them) but answered with these HTTP codes: the caller never hears,
+        and a re-send with the same id meets ``DUPLICATE_IGNORED``."""
+        with self._lock:
+            self._lost.extend(codes)
+
     def reset(self) -> None:
         with self._lock:
+            self._lost.clear()
             self._txns.clear()
             self._scripts.clear()
             self._default = ("approve", 0, 0)
@@ -251,6 +262,9 @@ class PawaPaySandbox(ServedDouble):
             outcome, in_flight, lag = "approve", self.refund_in_flight, 0
         with self._lock:
             self._txns[(kind, ident)] = _Txn(kind, ident, req, outcome, in_flight, lag)
+            lost = self._lost.pop(0) if self._lost else None
+        if lost is not None:
+            return Answer(lost, {"failureReason": {"failureCode": "UNKNOWN_ERROR", "failureMessage": "lost"}})
         return Answer(200, {id_key: ident, "status": "ACCEPTED", "created": _now()})
 
     def _read(self, kind: str, ident: str, entry: dict) -> Answer:
