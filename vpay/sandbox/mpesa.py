@@ -217,6 +217,30 @@ class MpesaSandbox(ServedDouble):
         except OSError:
             return None
 
+    def statement_csv(self) -> bytes:
+        """The double's organisation statement: one line per push whose
+        outcome has been read (a query answered it), in the columns of
+        vpay's ``mpesa`` statement profile, times in Kenya time. Failed
+        pushes are listed as ``Failed`` with no money in."""
+        import csv
+        import io
+        kenya = time.gmtime(time.time() + 3 * 3600)
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\r\n")
+        writer.writerow(["Receipt No.", "Completion Time", "Initiation Time", "Details", "Transaction Status",
+                         "Paid In", "Withdrawn", "Balance", "Reason Type", "A/C No."])
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", kenya)
+        with self._lock:
+            for push in self._pushes.values():
+                code, desc = OUTCOMES[push.outcome]
+                if code is None or push.queries <= push.in_flight:
+                    continue
+                ok = code == "0"
+                writer.writerow([push.receipt, stamp, stamp, f"Pay Bill from {push.msisdn}",
+                                 "Completed" if ok else "Failed", f"{push.amount}.00" if ok else "", "", "",
+                                 "Pay Bill Online" if ok else desc, push.account_reference])
+        return out.getvalue().encode()
+
     # --- HTTP --------------------------------------------------------------------
 
     def answer(self, method: str, path: str, headers: Any, body: bytes) -> Answer:
