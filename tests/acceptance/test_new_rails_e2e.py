@@ -150,6 +150,21 @@ def test_mpesa_refuses_at_creation_what_it_cannot_carry_and_refuses_refunds(stac
     assert db.execute("SELECT count(*) FROM refunds WHERE charge_id = %s", (charge["id"],)).fetchone()[0] == 0
 
 
+def test_pawapay_callback_is_a_hint_named_by_its_deposit_id(stack, db):
+    intent, charge = _create(stack, db, "pawapay")
+    db.execute("UPDATE jobs SET run_at = now() + interval '90 seconds' WHERE dedupe_key = %s",
+               (f"poll:{charge['id']}",))
+    body = {"depositId": charge["rail_reference"], "status": "COMPLETED", "providerTransactionId": "FAKE"}
+    resp = requests.post(f"{stack.url}/provider/pawapay/callback", json=body, timeout=10)
+    assert resp.status_code == 202
+    assert _status(db, charge["id"])[0] == "pending"          # a hint moves no money
+    due = db.execute("SELECT run_at <= now() FROM jobs WHERE dedupe_key = %s", (f"poll:{charge['id']}",)).fetchone()
+    assert due == (True,)                                     # it pulled the parked poll forward
+    unknown = requests.post(f"{stack.url}/provider/pawapay/callback", timeout=10,
+                            json={**body, "depositId": "6f0c2a8e-1111-4c2e-8f1a-5b6d7e8f9a0b"})
+    assert (unknown.status_code, unknown.content) == (resp.status_code, resp.content)
+
+
 def test_mpesa_callback_is_a_hint(stack, db):
     intent, charge = _create(stack, db, "mpesa")
     body = {"Body": {"stkCallback": {"MerchantRequestID": "m", "CheckoutRequestID": "ws_CO_x", "ResultCode": 0,
