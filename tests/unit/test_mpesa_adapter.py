@@ -255,3 +255,16 @@ def test_build_rail_knows_mpesa(monkeypatch):
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)
     assert build_rail("mpesa").code == "mpesa"
+
+
+@responses.activate
+def test_a_failed_token_fetch_is_remembered_briefly(rail, clock):
+    responses.add(responses.GET, TOKEN_URL, status=500, json={})
+    assert rail.status(SUBMITTED).kind is StatusKind.NO_ANSWER
+    fetches = len(responses.calls)
+    assert rail.status(SUBMITTED).kind is StatusKind.NO_ANSWER
+    assert len(responses.calls) == fetches          # within 15 s: not asked again
+    clock.now += 16
+    responses.replace(responses.GET, TOKEN_URL, json={"access_token": TOKEN, "expires_in": "3599"})
+    responses.add(responses.POST, QUERY_URL, json=query_answer("0"))
+    assert rail.status(SUBMITTED).kind is StatusKind.SUCCEEDED

@@ -111,6 +111,10 @@ ACCOUNT_REFERENCE_CHARS = 12     # Daraja's limit on AccountReference
 TRANSACTION_DESC_CHARS = 13      # Daraja's limit on TransactionDesc
 DEFAULT_TOTAL_TIMEOUT_SECONDS = 20.0
 TOKEN_SAFETY_MARGIN_SECONDS = 60.0
+TOKEN_FAILURE_MEMORY_SECONDS = 15.0
+"""How long a failed token fetch is remembered: calls within it answer at
+once without asking again (as MoMo's adapter: a hung token endpoint must not
+hold every claim loop in turn)."""
 
 _ENV = {"base_url": "VPAY_MPESA_BASE_URL", "consumer_key": "VPAY_MPESA_CONSUMER_KEY",
         "consumer_secret": "VPAY_MPESA_CONSUMER_SECRET", "shortcode": "VPAY_MPESA_SHORTCODE",
@@ -198,6 +202,7 @@ class MpesaDaraja:
         self._basic = "Basic " + base64.b64encode(f"{consumer_key}:{consumer_secret}".encode()).decode("ascii")
         self._passkey = passkey
         self._token: tuple[str, float] | None = None
+        self._token_failed: tuple[NoAnswer, float] | None = None
         self._token_lock = threading.Lock()
         self._session = session or new_session()
         self._clock = clock
@@ -407,27 +412,40 @@ class MpesaDaraja:
             now = self._clock()
             if self._token is not None and now < self._token[1]:
                 return self._token[0]
-            response = exchange(self._session, "GET",
-                                f"{self.base_url}/oauth/v1/generate?grant_type=client_credentials",
-                                rail=self.code, gate=self.gate, deadline=deadline, timeout=self.timeout,
-                                sleep=self._sleep, headers={"Authorization": self._basic})
-            if response.status_code != 200:
-                refused = response.status_code in (400, 401, 403)  # our consumer key/secret refused
-                if refused:
-                    log.error("mpesa token endpoint refused our consumer key (HTTP %s): an operator "
-                              "must fix VPAY_MPESA_CONSUMER_KEY / _SECRET", response.status_code)
-                raise NoAnswer(f"TOKEN_HTTP_{response.status_code}",
-                               f"token endpoint answered HTTP {response.status_code}",
-                               http_status=response.status_code, misconfigured=refused)
-            payload = json_object(response.content) or {}
-            token = payload.get("access_token")
-            if not isinstance(token, str) or not token:
-                raise NoAnswer("TOKEN_MALFORMED", "token endpoint body has no access_token", http_status=200)
-            lifetime = lifetime_seconds(payload.get("expires_in"))
+            if self._token_failed is not None and now < self._token_failed[1]:
+                raise self._token_failed[0]
+            try:
+                token, lifetime = self._fetch_token(deadline)
+            except NoAnswer as failure:
+                self._token_failed = (failure, self._clock() + TOKEN_FAILURE_MEMORY_SECONDS)
+                raise
+            self._token_failed = None
             self._token = (token, now + lifetime - min(TOKEN_SAFETY_MARGIN_SECONDS, lifetime / 2))
             return token
         finally:
             self._token_lock.release()
+
+    def _fetch_token(self, deadline: Deadline) -> tuple[str, float]:
+        """``(access_token, expires_in seconds)`` from Daraja's OAuth
+        endpoint; raises ``NoAnswer`` (MISCONFIGURED when our consumer key
+        is refused)."""
+        response = exchange(self._session, "GET",
+                            f"{self.base_url}/oauth/v1/generate?grant_type=client_credentials",
+                            rail=self.code, gate=self.gate, deadline=deadline, timeout=self.timeout,
+                            sleep=self._sleep, headers={"Authorization": self._basic})
+        if response.status_code != 200:
+            refused = response.status_code in (400, 401, 403)  # our consumer key/secret refused
+            if refused:
+                log.error("mpesa token endpoint refused our consumer key (HTTP %s): an operator "
+                          "must fix VPAY_MPESA_CONSUMER_KEY / _SECRET", response.status_code)
+            raise NoAnswer(f"TOKEN_HTTP_{response.status_code}",
+                           f"token endpoint answered HTTP {response.status_code}",
+                           http_status=response.status_code, misconfigured=refused)
+        payload = json_object(response.content) or {}
+        token = payload.get("access_token")
+        if not isinstance(token, str) or not token:
+            raise NoAnswer("TOKEN_MALFORMED", "token endpoint body has no access_token", http_status=200)
+        return token, lifetime_seconds(payload.get("expires_in"))
 
     def _drop_token(self, token: str) -> None:
         with self._token_lock:
