@@ -64,7 +64,8 @@ def test_kill_in_the_create_path_is_recovered(point, rail, db, db_url, merchant,
     code, double = rail
     env = _env(db_url, code, double)
     amount, currency, payer = RAILS[code]
-    create = spawn("vpay-server", "payments", "create", "--merchant", merchant, "--amount", amount,
+    create = spawn("vpay-server", "--log-level", "INFO", "payments", "create", "--merchant", merchant,
+                   "--amount", amount,
                    "--currency", currency, "--rail", code, "--payer", payer,
                    env={**env, "VPAY_TEST_PAUSE_AT": point})
     create.wait_for_log("test pause", point=point)

@@ -221,7 +221,8 @@ def test_pawapay_unsupported_pairing_is_refused_at_creation(stack, db):
 def test_pawapay_refund_goes_through_the_pollable_refund_path(stack, db, spawn):
     intent, charge = _create(stack, db, "pawapay")
     assert _settle(stack, db, spawn, charge["id"])[0] == "succeeded"
-    done = subprocess.run([script("vpay-server"), "refunds", "create", "--charge", charge["id"], "--amount", "500"],
+    done = subprocess.run([script("vpay-server"), "refunds", "create", "--charge", charge["id"], "--amount", "500",
+                           "--json"],
                           env=stack.env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     refund_id = json.loads(done.stdout)["refund"]["id"]
