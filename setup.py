@@ -54,6 +54,9 @@ setup(
             # The console's browser tests drive Debian's chromium (never
             # `playwright install`: tests/acceptance/test_console_browser.py).
             "playwright>=1.40",
+            # A published Daraja client that drives the M-Pesa sandbox
+            # (tests/unit/test_sandbox_new_rails.py, importorskip).
+            "mpesakit>=2.2,<3",
         ],
         # bench/peers.py holds vpay against a peer queue in the same run; never
         # a runtime dependency.

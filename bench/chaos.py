@@ -136,6 +136,8 @@ class Chaos:
         self.pg: Postgres | None = None
         self.times: dict[str, float] = {}
         self.forever_payers = [p.payer for p in plan.payments if p.expect == "PENDING"]
+        self.doubles: dict = {}   # mpesa / pawapay sandboxes, in this process (mixed-rail runs)
+        self.new_rail_violations: list[dict] = []
 
     # ------------------------------------------------------------ setup
 
@@ -162,6 +164,10 @@ class Chaos:
             "VPAY_DATABASE_OPEN_TIMEOUT_SECONDS": "30",
             "VPAY_LOG_LEVEL": self.args.log_level,
         })
+        if "mpesa" in self.doubles:
+            env.update(self.doubles["mpesa"].env(f"{self.api_url}/provider/mpesa/callback"))
+        if "pawapay" in self.doubles:
+            env.update(self.doubles["pawapay"].env())
         env.update(extra)
         return env
 
@@ -180,7 +186,7 @@ class Chaos:
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         # the rail, in its own process
         config = {"seed": self.plan.seed, "windows": windows_of(self.plan, RAIL_WINDOW_KINDS),
-                  "scripts": {p.payer: p.script for p in self.plan.payments if p.script},
+                  "scripts": {p.payer: p.script for p in self.plan.payments if p.script and p.rail == "mtn"},
                   "success_after_seconds": self.args.success_after}
         (self.workdir / "rail.json").write_text(json.dumps(config))
         self.rail_log = open(self.workdir / "rail.log", "ab")
@@ -192,6 +198,7 @@ class Chaos:
         if not line:
             raise RuntimeError("the rail process did not start (see rail.log)")
         self.rail_url = json.loads(line)["url"]
+        self.start_new_rails()
         env = self.env()
         out = run_cli(env, "migrate")
         if out.returncode != 0:
@@ -226,6 +233,59 @@ class Chaos:
         log(f"ready in {self.times['setup_seconds']} s: workdir {self.workdir}, rail {self.rail_url}, "
             f"api {self.api_url}")
 
+    def start_new_rails(self) -> None:
+        """The M-Pesa and pawaPay sandboxes of a mixed-rail plan, in this
+        process (they outlive every fault: only MoMo's rail is faulted), each
+        payer scripted as the plan says."""
+        import logging
+        from vpay.sandbox.mpesa import MpesaSandbox
+        from vpay.sandbox.pawapay import PawaPaySandbox
+        for code, make in (("mpesa", MpesaSandbox), ("pawapay", PawaPaySandbox)):
+            mine = [p for p in self.plan.payments if p.rail == code]
+            if not mine:
+                continue
+            logging.getLogger(f"vpay.sandbox.{code}").setLevel(logging.WARNING)
+            double = self.doubles[code] = make().start()
+            for p in mine:
+                double.script_payer(p.payer, **p.script)
+
+    def new_rail_ledger(self) -> tuple[dict, list[dict]]:
+        """The new rails' truth as ``chaos_checks`` reads a ledger, by our
+        reference: a payer's scripted decision (``never``: PENDING), the
+        amount in major units, the provider's transaction id (pawaPay).
+        Also the violations no ledger check can see: an M-Pesa reference
+        pushed more than once to a payer who approves (a lost STK answer
+        re-sent: the payer could pay twice; docs/flows/mpesa.md)."""
+        ledger, extra = {}, []
+        reasons = {"mpesa": {"approve": (None, "SUCCESSFUL"), "decline": ("MPESA_1032", "FAILED"),
+                             "never": (None, "PENDING")},
+                   "pawapay": {"approve": (None, "SUCCESSFUL"), "decline": ("INSUFFICIENT_BALANCE", "FAILED"),
+                               "never": (None, "PENDING")}}
+        if "mpesa" in self.doubles:
+            pushes: dict[str, list[dict]] = {}
+            for push in self.doubles["mpesa"].pushes():
+                pushes.setdefault(push["reference"], []).append(push)
+            for ref, mine in pushes.items():
+                reason, status = reasons["mpesa"][mine[-1]["outcome"]]
+                ledger[ref] = {"status": status, "reason": reason, "amount": f"{mine[-1]['amount']}.00",
+                               "transaction_id": None}
+                if len(mine) > 1 and mine[-1]["outcome"] == "approve":
+                    extra.append({"check": "mpesa_double_prompt", "id": ref,
+                                  "detail": f"{len(mine)} STK pushes for one charge to a payer who approves"})
+        if "pawapay" in self.doubles:
+            for p in self.plan.payments:
+                if p.rail != "pawapay" or p.index not in self.created:
+                    continue
+                charge = self.charge_of(p.index)
+                deposit = self.doubles["pawapay"].deposit(charge["rail_reference"]) if charge else None
+                if deposit is None:
+                    continue
+                reason, status = reasons["pawapay"][deposit["outcome"]]
+                ledger[deposit["id"]] = {"status": status, "reason": reason, "amount": deposit["body"]["amount"],
+                                         "transaction_id": deposit["provider_transaction_id"]
+                                         if status == "SUCCESSFUL" else None}
+        return ledger, extra
+
     def _wait_http(self, url: str, proc: Proc, timeout: float) -> None:
         import requests
         deadline = time.monotonic() + timeout
@@ -257,8 +317,10 @@ class Chaos:
         import requests
         headers = {"Authorization": f"Bearer {self.keys[p.merchant]}",
                    "Idempotency-Key": f"chaos-{self.plan.seed}-{p.index}"}
-        body = {"amount": p.amount, "currency": "EUR", "description": f"chaos payment {p.index}",
-                "payment_method": {"type": "mtn_momo", "msisdn": p.payer}}
+        currency, method = {"mtn": ("EUR", "mtn_momo"), "mpesa": ("KES", "mpesa"),
+                            "pawapay": ("ZMW", "pawapay")}[p.rail]
+        body = {"amount": p.amount, "currency": currency, "description": f"chaos payment {p.index}",
+                "payment_method": {"type": method, "msisdn": p.payer}}
         deadline = time.monotonic() + self.args.create_deadline
         last = ""
         in_use_since: float | None = None
@@ -607,6 +669,9 @@ class Chaos:
             "transactions": {t["reference"]: ledger_entry(t) for t in ledger["transactions"]},
             "refunds": {t["reference"]: ledger_entry(t) for t in ledger["refunds"]},
         }
+        if self.doubles:
+            new_ledger, self.new_rail_violations = self.new_rail_ledger()
+            snap["rail"]["transactions"].update(new_ledger)
         snap["rail_faults_by_reference"] = ledger.get("faults_by_reference", {})
         snap["rail_reads"] = {t["reference"]: t.get("reads") for t in ledger["transactions"]}
         snap["delivered"] = {r.endpoint_id: sorted(r.delivered) for r in self.receivers.values()}
@@ -653,6 +718,8 @@ class Chaos:
             "rail_transactions": dict(sorted(Counter(t["status"] for t in snap["rail"]["transactions"].values())
                                              .items())),
             "rail_requests": self.ledger.get("requests"),
+            "charges_by_rail": dict(sorted(Counter(p.rail for p in self.plan.payments
+                                                   if p.index in self.created).items())),
             "quiescent": snap["quiescent"],
             "unquiet": snap["unquiet"],
             "times": self.times,
@@ -694,7 +761,7 @@ class Chaos:
         self.times["quiescence_seconds"] = round(time.monotonic() - t, 1)
         log("quiet" if quiet else f"NOT quiet at the deadline: {state}")
         snap = self.snapshot(quiet, state)
-        violations = list(self.violations) + chaos_checks.run_all(snap)
+        violations = list(self.violations) + chaos_checks.run_all(snap) + self.new_rail_violations
         for index, error in sorted(self.create_failures.items()):
             violations.append({"check": "create", "id": index, "detail": f"payment never created: {error}"})
         for bad in self.refund_unexpected:
@@ -738,6 +805,8 @@ class Chaos:
                 self.rail_proc.kill()
         for r in self.receivers.values():
             r.stop()
+        for double in self.doubles.values():
+            double.stop()
         if self.pg is not None:
             self.pg.stop()
 
@@ -820,6 +889,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "database (the API holds a key whose request died for 300 s) [20]")
     parser.add_argument("--log-level", default="INFO", help="VPAY_LOG_LEVEL of the vpay processes [INFO]")
     parser.add_argument("--progress-every", type=float, default=10.0)
+    parser.add_argument("--rails", default="mtn",
+                        help="rails the payments are spread over, comma-separated: mtn, mpesa, pawapay [mtn]; "
+                             "mpesa and pawapay run on vpay's own sandboxes in this process (no rail faults)")
     args = parser.parse_args(argv)
     if args.payments < 1 or args.rate <= 0:
         parser.error("--payments must be >= 1 and --rate > 0")
@@ -830,12 +902,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    plan = make_plan(args.seed, args.payments, args.faults, args.rate, lease=args.lease,
-                     rail_read_timeout=args.rail_read_timeout, webhook_read_timeout=args.webhook_read_timeout)
+    try:
+        plan = make_plan(args.seed, args.payments, args.faults, args.rate, lease=args.lease,
+                         rail_read_timeout=args.rail_read_timeout, webhook_read_timeout=args.webhook_read_timeout,
+                         rails=tuple(r.strip() for r in args.rails.split(",") if r.strip()))
+    except ValueError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
     print(f"plan: seed {plan.seed}, {len(plan.payments)} payments at {plan.rate}/s over {plan.duration:.1f} s, "
           f"{len(plan.faults)} faults {json.dumps(plan.fault_counts())}, digest {plan.digest()}")
     expects = Counter(p.expect for p in plan.payments)
-    print(f"plan: rail outcomes {dict(sorted(expects.items()))}, "
+    print(f"plan: rails {dict(sorted(Counter(p.rail for p in plan.payments).items()))}, "
+          f"rail outcomes {dict(sorted(expects.items()))}, "
           f"payments with refunds {sum(1 for p in plan.payments if p.refunds)}")
     for fault in plan.faults:
         print(f"  fault {fault.describe()}")

@@ -59,7 +59,7 @@ NOT_FINAL_REASONS = frozenset({"ONGOING", "PAYER_DELAYED"})  # MoMo: FAILED on t
 UNSUBMITTED_CODES = ("not_submitted",)
 """Failure codes that may end an operation the rail never recorded (the
 resubmit job: the prompt ran out and the rail still does not know it)."""
-EXPONENT = 2  # the run is EUR only (MoMo's sandbox currency)
+EXPONENT = 2  # EUR (MoMo), KES (M-Pesa), ZMW (pawaPay): all of exponent 2
 
 
 def _v(check: str, ident: Any, detail: str, **more: Any) -> Violation:

@@ -72,6 +72,32 @@ class Payment:
     script: dict[str, Any]
     expect: str
     refunds: tuple[int | None, ...] = ()
+    rail: str = "mtn"
+
+
+NEW_RAILS = ("mpesa", "pawapay")
+"""Rails a mixed-rail plan may also use (issue 29): their payments are
+scripted on the in-process sandboxes (``vpay.sandbox.mpesa``, ``pawapay``:
+``outcome`` approve/decline/never, ``in_flight``), in KES and ZMW."""
+
+
+def _on_rail(rng: random.Random, p: "Payment", rails: tuple[str, ...]) -> "Payment":
+    """``p`` moved to a rail drawn from ``rails`` (``rng`` is the plan's
+    second generator, so a MoMo-only plan is the plan it always was). A
+    payment on a new rail keeps its index, merchant and expected outcome;
+    its payer, currency-shaped amount and script are the rail's; it has no
+    refunds (M-Pesa refuses them; pawaPay's are not exercised here)."""
+    rail = rng.choice(rails)
+    if rail == "mtn":
+        return p
+    outcome = {"SUCCESSFUL": "approve", "FAILED": "decline", "PENDING": "never"}[p.expect]
+    in_flight = int(p.script.get("pending_reads", 0)) if outcome != "never" else 0
+    if rail == "mpesa":
+        payer, amount = f"2547{p.index:08d}", max(100, p.amount - p.amount % 100)
+    else:
+        payer, amount = f"2607{p.index:08d}", p.amount
+    return Payment(index=p.index, merchant=p.merchant, payer=payer, amount=amount,
+                   script={"outcome": outcome, "in_flight": in_flight}, expect=p.expect, rail=rail)
 
 
 @dataclass(frozen=True)
@@ -104,8 +130,13 @@ class Plan:
         return len(self.payments) / self.rate
 
     def to_json(self) -> dict[str, Any]:
+        def payment(p: Payment) -> dict[str, Any]:
+            out = asdict(p)
+            if out["rail"] == "mtn":  # a MoMo-only plan keeps the digest it always had
+                del out["rail"]
+            return out
         return {"seed": self.seed, "rate": self.rate,
-                "payments": [asdict(p) for p in self.payments],
+                "payments": [payment(p) for p in self.payments],
                 "faults": [asdict(f) for f in self.faults]}
 
     def digest(self) -> str:
@@ -210,17 +241,25 @@ def _fault(rng: random.Random, kind: str, at: float, rate: float, lease: float,
 
 
 def make_plan(seed: int, payments: int, faults: int, rate: float, *, lease: float = 8.0,
-              rail_read_timeout: float = 2.0, webhook_read_timeout: float = 2.0) -> Plan:
+              rail_read_timeout: float = 2.0, webhook_read_timeout: float = 2.0,
+              rails: tuple[str, ...] = ("mtn",)) -> Plan:
     """The whole run from ``seed``: ``payments`` payments due at ``rate`` per
     second, and ``faults`` faults at seeded times within the payment phase
     (never in its first 5 % nor after 95 %). The first ``len(FAULT_KINDS)``
     faults take each kind once (in a seeded order), so a small run still
     sees every kind it has room for; the rest are drawn by ``WEIGHTS``.
-    Raises ``ValueError`` for non-positive sizes or rate."""
+    ``rails``: the rails payments are spread over (``mtn`` and
+    ``NEW_RAILS``), drawn from a second generator of the seed.
+    Raises ``ValueError`` for non-positive sizes or rate, or an unknown rail."""
     if payments < 1 or faults < 0 or rate <= 0:
         raise ValueError("payments must be >= 1, faults >= 0, rate > 0")
+    if not rails or any(r not in ("mtn", *NEW_RAILS) for r in rails):
+        raise ValueError(f"rails must be among mtn, {', '.join(NEW_RAILS)}")
     rng = random.Random(seed)
     plan_payments = tuple(_payment(rng, i) for i in range(payments))
+    if rails != ("mtn",):
+        rail_rng = random.Random(f"{seed}:rails")
+        plan_payments = tuple(_on_rail(rail_rng, p, rails) for p in plan_payments)
     duration = payments / rate
     order = list(FAULT_KINDS)
     rng.shuffle(order)

@@ -1,6 +1,6 @@
 """``vpay-server demo``: the main job, end to end, on one machine.
 
-It starts the sandbox MoMo rail on a free loopback port, makes a fresh
+It starts the sandbox MoMo, M-Pesa and pawaPay rails on free loopback ports, makes a fresh
 ``vpay_demo`` database on the embedded Postgres (or on the server of
 ``VPAY_DATABASE_URL``; it never writes into that URL's own database, and
 there it drops only a ``vpay_demo`` it made itself, marked by a comment on
@@ -51,6 +51,32 @@ class Scenario:
     expect: str
     reason: str | None = None
     script: dict[str, Any] | None = None
+    rail: str = "mtn"
+
+
+# One payment per new rail per scripted outcome (issue 29): the sandboxes'
+# scripts (vpay/sandbox/mpesa.py, pawapay.py), amounts in each rail's currency.
+RAIL_MONEY = {"mtn": ("EUR", 1000, 50), "mpesa": ("KES", 100_00, 100), "pawapay": ("ZMW", 10_00, 50)}
+NEW_RAIL_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("M-Pesa: approves", "254700000001", "succeeded", script={"outcome": "approve"}, rail="mpesa"),
+    Scenario("M-Pesa: cancels the prompt", "254700000002", "failed", "MPESA_1032",
+             script={"outcome": "decline"}, rail="mpesa"),
+    Scenario("M-Pesa: unreachable, prompt expires", "254700000003", "failed", "MPESA_1037",
+             script={"outcome": "expire"}, rail="mpesa"),
+    Scenario("M-Pesa: in flight x2, then approves", "254700000004", "succeeded",
+             script={"outcome": "approve", "in_flight": 2}, rail="mpesa"),
+    Scenario("M-Pesa: never answers (in flight)", "254700000005", "pending",
+             script={"outcome": "never"}, rail="mpesa"),
+    Scenario("pawaPay: approves", "260760000001", "succeeded", script={"outcome": "approve"}, rail="pawapay"),
+    Scenario("pawaPay: declines", "260760000002", "failed", "INSUFFICIENT_BALANCE",
+             script={"outcome": "decline"}, rail="pawapay"),
+    Scenario("pawaPay: prompt lapses", "260760000003", "failed", "PAYMENT_NOT_APPROVED",
+             script={"outcome": "expire"}, rail="pawapay"),
+    Scenario("pawaPay: pending x2, then approves", "260760000004", "succeeded",
+             script={"outcome": "approve", "in_flight": 2}, rail="pawapay"),
+    Scenario("pawaPay: never answers (submitted)", "260760000005", "pending",
+             script={"outcome": "never"}, rail="pawapay"),
+)
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -70,6 +96,7 @@ SCENARIOS: tuple[Scenario, ...] = (
              script={"status_errors": [500, 503], "pending_reads": 0, "outcome": "SUCCESSFUL"}),
     Scenario("request-to-pay lost: resubmitted", "256770000204", "succeeded",
              script={"rtp_errors": [500]}),
+    *NEW_RAIL_SCENARIOS,
 )
 
 
@@ -207,14 +234,19 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
     from vpay.base.db import database_url, make_pool
     from vpay.money.merchants import create_merchant
     from vpay.money.payments import create_and_submit
+    from vpay.rails.mpesa import MpesaDaraja
     from vpay.rails.mtn import MtnMomo
+    from vpay.rails.pawapay import PawaPay
+    from vpay.sandbox.mpesa import MpesaSandbox
     from vpay.sandbox.mtn import SandboxRail
+    from vpay.sandbox.pawapay import PawaPaySandbox
 
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
 
     # The live view is the demo's output; per-request rail lines would drown it.
-    logging.getLogger("vpay.sandbox.mtn").setLevel(logging.WARNING)
+    for name in ("vpay.sandbox.mtn", "vpay.sandbox.mpesa", "vpay.sandbox.pawapay"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     started = time.monotonic()
     server = database_url()
     url = _database(server, database, owned_server=not os.environ.get("VPAY_DATABASE_URL", "").strip(),
@@ -225,15 +257,20 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
     api_log = data_dir / "demo-api.log"
 
     rail = SandboxRail(success_after_seconds=3.0).start()
+    doubles = {"mtn": rail, "mpesa": MpesaSandbox().start(), "pawapay": PawaPaySandbox().start()}
     for s in SCENARIOS:
-        if s.script:
+        if s.script and s.rail == "mtn":
             rail.script(s.payer, **s.script)
+        elif s.script:
+            doubles[s.rail].script_payer(s.payer, **s.script)
     api_url = f"http://127.0.0.1:{_free_port()}"
     rail_env = {"VPAY_MTN_BASE_URL": rail.url, "VPAY_MTN_SUBSCRIPTION_KEY": rail.subscription_key,
                 "VPAY_MTN_API_USER": rail.api_user, "VPAY_MTN_API_KEY": rail.api_key,
                 "VPAY_MTN_TARGET_ENVIRONMENT": rail.target_environment,
-                "VPAY_MTN_CALLBACK_URL": f"{api_url}/provider/mtn/callback"}
-    say(f"vpay demo: sandbox MoMo rail at {rail.url}, database {database} "
+                "VPAY_MTN_CALLBACK_URL": f"{api_url}/provider/mtn/callback",
+                **doubles["mpesa"].env(f"{api_url}/provider/mpesa/callback"), **doubles["pawapay"].env()}
+    say(f"vpay demo: sandbox rails MoMo {rail.url}, M-Pesa {doubles['mpesa'].url}, "
+        f"pawaPay {doubles['pawapay'].url}; database {database} "
         f"({'VPAY_DATABASE_URL' if os.environ.get('VPAY_DATABASE_URL') else 'embedded, ' + str(data_dir)})")
     _demo_keys(data_dir)
     env = {**os.environ, **rail_env, "VPAY_DATABASE_URL": url, "PYTHONUNBUFFERED": "1",
@@ -258,11 +295,13 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
             endpoint = add_endpoint(conn, "demo", receiver.url, permit_private=True)
         receiver.secret = endpoint["secret"]
         say(f"merchant webhook receiver at {receiver.url} (verifies every signature)")
-        adapter = MtnMomo.from_env(rail_env)
+        adapters = {"mtn": MtnMomo.from_env(rail_env), "mpesa": MpesaDaraja.from_env(rail_env),
+                    "pawapay": PawaPay.from_env(rail_env)}
         batch: list[tuple[Scenario, dict[str, Any]]] = []
         for i, s in enumerate(SCENARIOS):
-            created = create_and_submit(pool, lambda code: adapter, merchant_id="demo",
-                                        amount=1000 + 50 * i, currency="EUR", rail="mtn",
+            currency, base, step = RAIL_MONEY[s.rail]
+            created = create_and_submit(pool, adapters.__getitem__, merchant_id="demo",
+                                        amount=base + step * i, currency=currency, rail=s.rail,
                                         payer=s.payer, description=f"demo {i + 1}: {s.label}")
             batch.append((s, created["charge"]))
         ids = [c["id"] for _, c in batch]
@@ -281,7 +320,7 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
             terminal = counts.get("succeeded", 0) + counts.get("failed", 0)
             line = (f"  t={time.monotonic() - started:5.1f}s  pending {counts.get('pending', 0):2d}  "
                     f"succeeded {counts.get('succeeded', 0):2d}  failed {counts.get('failed', 0):2d}  "
-                    f"rail requests {len(rail.requests_log()):3d}")
+                    f"rail requests {sum(len(d.requests_log()) for d in doubles.values()):3d}")
             if line[12:] != last:
                 say(line)
                 last = line[12:]
@@ -299,7 +338,7 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
 
         worker.send_signal(signal.SIGTERM)
         worker_rc = worker.wait(60)
-        return _report(say, pool, rail, receiver, batch, worker_rc, time.monotonic() - started)
+        return _report(say, pool, doubles, receiver, batch, worker_rc, time.monotonic() - started)
     finally:
         for proc in (worker, api):
             if proc is not None and proc.poll() is None:
@@ -310,14 +349,25 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
                     proc.kill()
         pool.close()
         receiver.stop()
-        rail.stop()
+        for double in doubles.values():
+            double.stop()
 
 
 EVENTS_OF_BATCH = ("SELECT count(*) FROM events e JOIN charges c ON c.payment_intent_id = e.payment_intent_id "
                    "WHERE c.id = ANY(%s)")
 
 
-def _report(say, pool, rail, receiver, batch, worker_rc: int, elapsed: float) -> int:
+def _status_reads(doubles, s: Scenario, reference: str) -> int:
+    """How many status reads the scenario's rail answered for ``reference``."""
+    if s.rail == "mpesa":
+        return doubles["mpesa"].count("/query", reference=reference)
+    if s.rail == "pawapay":
+        return doubles["pawapay"].count("GET", "/v2/deposits/", reference)
+    return doubles["mtn"].count(method="GET", reference=reference)
+
+
+def _report(say, pool, doubles, receiver, batch, worker_rc: int, elapsed: float) -> int:
+    rail = doubles["mtn"]
     with pool.connection() as conn:
         rows = {r[0]: r for r in conn.execute(
             "SELECT id, status, failure_code, EXTRACT(EPOCH FROM settled_at - created_at) "
@@ -329,7 +379,7 @@ def _report(say, pool, rail, receiver, batch, worker_rc: int, elapsed: float) ->
     good = 0
     for s, c in batch:
         _, status, reason, secs = rows[c["id"]]
-        polls = rail.count(method="GET", reference=c["rail_reference"])
+        polls = _status_reads(doubles, s, c["rail_reference"])
         ok = status == s.expect and (reason == s.reason)
         good += ok
         say(f"{c['id']:<28} {s.payer:<13} {s.label:<36} {status:<10} {reason or '-':<30} "
@@ -342,8 +392,9 @@ def _report(say, pool, rail, receiver, batch, worker_rc: int, elapsed: float) ->
     }
     say("")
     callbacks = len(rail.callbacks())
-    say(f"rail requests: {len(requests)} ({', '.join(f'{k} {v}' for k, v in by_kind.items())}); "
-        f"callbacks sent by the rail: {callbacks}")
+    say(f"MoMo requests: {len(requests)} ({', '.join(f'{k} {v}' for k, v in by_kind.items())}); "
+        f"callbacks sent by the rail: {callbacks}; M-Pesa requests: {len(doubles['mpesa'].requests_log())}; "
+        f"pawaPay requests: {len(doubles['pawapay'].requests_log())}")
     say(f"events written: {events}; webhooks received with a valid signature: {len(receiver.events)} "
         f"(bad signatures: {receiver.bad}); worker drained with exit {worker_rc}; {elapsed:.0f}s in all")
     ok = good == len(batch) and worker_rc == 0 and len(receiver.events) == events and receiver.bad == 0

@@ -24,8 +24,9 @@ RETURNING id, imported_at;
 
 -- name: charges_for_statement
 -- Our charges a statement's lines may name: by rail_reference (what we sent),
--- by Orange's order_id (the first 30 hex digits of it), by our own charge id
--- (MoMo's externalId), or by the rail's transaction id. One branch per
+-- by Orange's order_id (the first 30 hex digits of it), by M-Pesa's
+-- AccountReference (the first 12), by our own charge id (MoMo's externalId),
+-- or by the rail's transaction id. One branch per
 -- identifier, each an index scan (an OR of four ANYs over 20,000 values was
 -- planned as a scan comparing every row with every value: seconds a chunk).
 SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
@@ -33,6 +34,10 @@ SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failur
 UNION
 SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
   FROM charges WHERE rail = %(rail)s AND left(replace(rail_reference, '-', ''), 30) = ANY(%(refs)s)
+UNION
+SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
+  FROM charges WHERE rail = 'mpesa' AND %(rail)s = 'mpesa'
+                 AND left(replace(rail_reference, '-', ''), 12) = ANY(%(refs)s)
 UNION
 SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
   FROM charges WHERE rail = %(rail)s AND id = ANY(%(refs)s)

@@ -103,3 +103,29 @@ def test_small_chaos_run_has_no_violations(tmp_path):
     found = {(v["check"], v["id"]) for v in chaos_checks.run_all(planted)}
     assert ("ledger", succeeded["id"]) in found
     assert ("delivered", event["id"]) in found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_mixed_rail_chaos_run_has_no_violations(tmp_path):
+    """MoMo, M-Pesa and pawaPay payments in one run under every fault kind
+    (issue 29): 0 violations, and a planted disagreement on an M-Pesa and a
+    pawaPay charge is found by the ledger check."""
+    report_path = tmp_path / "report.json"
+    run = _chaos("--seed", "11", "--payments", "45", "--faults", "12", "--rails", "mtn,mpesa,pawapay",
+                 "--deadline", "90", "--report", str(report_path), "--workdir", str(tmp_path / "work"), timeout=230)
+    assert report_path.exists(), run.stdout[-5000:] + run.stderr[-5000:]
+    report = json.loads(report_path.read_text())
+    assert report["violations"] == [], run.stdout[-5000:]
+    assert run.returncode == 0 and report["quiescent"]
+    assert set(report["charges_by_rail"]) == {"mtn", "mpesa", "pawapay"}
+    snap = json.loads((tmp_path / "work" / "snapshot.json").read_text())
+    planted = copy.deepcopy(snap)
+    by_prefix = {"2547": None, "2607": None}
+    for c in planted["charges"]:
+        if c["status"] == "succeeded" and c["payer"][:4] in by_prefix and by_prefix[c["payer"][:4]] is None:
+            by_prefix[c["payer"][:4]] = c
+            planted["rail"]["transactions"][c["rail_reference"]]["status"] = "FAILED"
+    assert all(by_prefix.values()), "a succeeded charge on each new rail"
+    found = {(v["check"], v["id"]) for v in chaos_checks.run_all(planted)}
+    assert {("ledger", c["id"]) for c in by_prefix.values()} <= found

@@ -31,7 +31,7 @@ from vpay.rails.mtn import MtnMomo
     (["--lane-concurrency", "mtn=x"], "mtn='x' is not a whole number"),
     (["--lane-concurrency", "mtn=0"], "is not a whole number >= 1"),
     (["--lane-concurrency", "mtn=3,webhooks=2"], "adds up to 5 loops, above --worker-concurrency 4"),
-    (["--lane-concurrency", "mtn=2,orange=1,webhooks=1"], "leaves none for housekeeping"),
+    (["--lane-concurrency", "mtn=2,orange=1,webhooks=1"], "leaves none for mpesa,pawapay,housekeeping"),
     (["--lane-concurrency", "airtel=1"], "unknown lane 'airtel'"),
     (["--queues", "mtn", "--lane-concurrency", "webhooks=1"], "not among --queues mtn"),
     (["--queues", "mtn,webhooks", "--lane-concurrency", "mtn=1,webhooks=1"], "below --worker-concurrency 4"),

@@ -60,3 +60,28 @@ def test_target_environment_flag_and_env(spawn):
     env = {**_env(), "VPAY_MTN_TARGET_ENVIRONMENT": "mtnghana"}
     proc = spawn("vpay-server", "sandbox-rail", "--port", "0", env=env)
     assert _failed_status(_url(proc), "mtnghana", "GHS").json()["status"] == "FAILED"
+
+
+@pytest.mark.parametrize("rail", ["mpesa", "pawapay"])
+def test_rail_flag_serves_the_new_rails_with_their_default_credentials(spawn, rail):
+    """``--rail mpesa|pawapay``: vpay's own adapter, given the sandbox's
+    default credentials, settles a payment against the process."""
+    from vpay.rails.mpesa import MpesaDaraja
+    from vpay.rails.pawapay import PawaPay
+    from vpay.rails.port import ChargeRequest, StatusKind, SubmitKind
+    from vpay.sandbox import mpesa as m, pawapay as p
+    proc = spawn("vpay-server", "sandbox-rail", "--port", "0", "--rail", rail, env=_env())
+    url = _url(proc)
+    if rail == "mpesa":
+        adapter = MpesaDaraja(url, m.DEFAULT_CONSUMER_KEY, m.DEFAULT_CONSUMER_SECRET, m.DEFAULT_SHORTCODE,
+                              m.DEFAULT_PASSKEY, "http://127.0.0.1:9/cb")
+        charge = ChargeRequest("ch_cli", str(uuid.uuid4()), 100_00, "KES", "254708374149")
+    else:
+        adapter = PawaPay(url, p.DEFAULT_TOKEN, "260=MTN_MOMO_ZMB:ZMW")
+        charge = ChargeRequest("ch_cli", str(uuid.uuid4()), 100, "ZMW", "260763456789")
+    sent = adapter.request_to_pay(charge)
+    assert sent.kind is SubmitKind.ACCEPTED
+    charge = ChargeRequest(**{**charge.__dict__, "rail_data": dict(sent.rail_data)})
+    assert adapter.status(charge).kind is StatusKind.SUCCEEDED
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0

@@ -224,3 +224,23 @@ def test_an_unquiet_run_is_a_violation():
     snap = clean_snapshot()
     snap.update(quiescent=False, unquiet={"live_jobs": 3})
     assert [v["check"] for v in chaos_checks.run_all(snap)] == ["quiescent"]
+
+
+def test_a_mixed_rail_plan_keeps_momos_plan_and_shapes_each_rails_payments():
+    """``--rails``: a MoMo-only plan is the plan (and digest) it always was;
+    a mixed one spreads payments over the three rails with the same expected
+    outcomes, M-Pesa amounts in whole shillings, no refunds off MoMo."""
+    from chaos_schedule import make_plan
+    momo = make_plan(5, 60, 10, 5.0)
+    assert momo.digest() == make_plan(5, 60, 10, 5.0, rails=("mtn",)).digest()
+    mixed = make_plan(5, 60, 10, 5.0, rails=("mtn", "mpesa", "pawapay"))
+    assert {p.rail for p in mixed.payments} == {"mtn", "mpesa", "pawapay"}
+    assert [p.expect for p in mixed.payments] == [p.expect for p in momo.payments]
+    assert mixed.faults == momo.faults
+    for p in mixed.payments:
+        if p.rail == "mpesa":
+            assert p.amount % 100 == 0 and p.payer.startswith("2547") and not p.refunds
+        if p.rail == "pawapay":
+            assert p.payer.startswith("2607") and not p.refunds
+    with pytest.raises(ValueError):
+        make_plan(5, 6, 1, 5.0, rails=("airtel",))

@@ -3,7 +3,7 @@ confirm), ``GET /v1/payment_intents`` (a list page, newest first) and
 ``GET /v1/payment_intents/{id}`` (the merchant's own only).
 
 Create: ``{amount, currency, payment_method: {type: "mtn_momo" |
-"orange_money", msisdn}, description?}``, amount an integer in minor units.
+"orange_money" | "mpesa" | "pawapay", msisdn}, description?}``, amount an integer in minor units.
 The request is checked whole before anything is written (400: not a JSON
 object, a missing or unknown parameter; 422: a parameter's value, with
 ``param``), then ``vpay.money.payments.create_and_submit`` commits the intent
@@ -47,10 +47,12 @@ log = logging.getLogger("vpay.api.intents")
 
 INTENT_ID = re.compile(r"^pi_[A-Za-z0-9]{1,64}$")
 
-PAYMENT_METHODS = {"mtn_momo": "mtn", "orange_money": "orange"}
+PAYMENT_METHODS = {"mtn_momo": "mtn", "orange_money": "orange", "mpesa": "mpesa", "pawapay": "pawapay"}
 """``payment_method.type`` → rail code. For ``orange_money`` the MSISDN is kept
 on the charge but not sent: Orange's payer identifies on Orange's page, which
-``next_action`` (``redirect_to_url``) points to."""
+``next_action`` (``redirect_to_url``) points to. ``mpesa`` is an STK Push
+prompt (whole KES, a 2547 MSISDN); ``pawapay`` a prompt through the
+operator pawaPay's configuration names for the payer's country."""
 FIELDS = ("amount", "currency", "payment_method", "description")
 REQUIRED = ("amount", "currency", "payment_method")
 METHOD_FIELDS = ("type", "msisdn")

@@ -36,7 +36,7 @@ _CALLBACK = {
         "worker's authenticated status query moves money. The answer is the same 202 whether "
         "or not the reference names a charge."),
     "parameters": [
-        {"name": "code", "in": "path", "required": True, "schema": {"type": "string", "enum": ["mtn", "orange"]},
+        {"name": "code", "in": "path", "required": True, "schema": {"type": "string", "enum": ["mtn", "orange", "mpesa", "pawapay"]},
          "description": "The rail's code."},
         {"name": "ref", "in": "query", "required": True, "schema": {"type": "string", "format": "uuid"},
          "description": "Our charge reference (rail_reference), as put in the callback URL."},
@@ -374,13 +374,17 @@ DOCUMENT: dict[str, Any] = {
                     "currency": {"type": "string", "pattern": "^[A-Za-z]{3}$"},
                     "payment_method": {
                         "type": "object", "additionalProperties": False, "required": ["type", "msisdn"],
-                        "properties": {"type": {"enum": ["mtn_momo", "orange_money"],
+                        "properties": {"type": {"enum": ["mtn_momo", "orange_money", "mpesa", "pawapay"],
                                                 "description": "mtn_momo: a prompt on the payer's "
                                                 "phone. orange_money: Orange Money Web Payment; the "
                                                 "payer confirms on the page next_action points to "
                                                 "(the msisdn is kept, not sent). Orange takes only "
                                                 "currencies without minor units (XOF, XAF, ...); "
-                                                "another is refused (intent requires_payment_method)."},
+                                                "another is refused (intent requires_payment_method). "
+                                                "mpesa: an M-Pesa STK Push prompt, whole KES from a "
+                                                "2547XXXXXXXX payer (else 400 at creation). pawapay: a "
+                                                "prompt through the provider configured for the payer's "
+                                                "country (an unconfigured country or currency: 400)."},
                                        "msisdn": {"type": "string", "pattern": "^\\+?[0-9]{8,15}$"}}},
                     "description": {"type": ["string", "null"], "maxLength": 160},
                 },

@@ -30,7 +30,7 @@ def statements() -> None:
 
 @statements.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
-@click.option("--rail", required=True, type=click.Choice(["mtn", "orange"]), help="Whose statement it is.")
+@click.option("--rail", required=True, type=click.Choice(["mtn", "orange", "mpesa", "pawapay"]), help="Whose statement it is.")
 @click.option("--profile", default=None,
               help="Column names of a known format: default, pawapay, pawapay-deposits, sandbox.")
 @click.option("--map", "mapping", default=None,

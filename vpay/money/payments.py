@@ -26,7 +26,7 @@ from vpay.money import misconfiguration, charges
 from vpay.engine import queue
 from vpay.base import testhooks
 from vpay.base.logs import committed
-from vpay.rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind
+from vpay.rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind, creation_problem
 
 log = logging.getLogger("vpay.payments")
 
@@ -105,13 +105,20 @@ def create_and_submit(pool: ConnectionPool, rail_for: Callable[[str], Rail], *, 
     "charge"}`` as merchant-facing JSON, read back after the submit, and
     ``rail_refusal`` (``{"code"}``, ``misconfiguration.refusal``) when the
     rail refused our configuration for this very request. Raises
-    ``charges.InvalidPayment`` on bad input (nothing written) and
+    ``charges.InvalidPayment`` on bad input (nothing written), a payment
+    the rail can never carry included (``rails.port.creation_problem``:
+    M-Pesa's whole KES, pawaPay's configured countries), and
     ``RailError`` when the rail is not configured (checked before writing).
     ``intent_id``: see ``charges.create_payment``. ``slots`` (the API's): when
     given and none is free right now, the rail is not called; the charge's
     ``resubmit`` job, due at once, sends the request-to-pay from the worker
     (the intent reads ``processing`` either way)."""
     adapter = rail_for(rail) if rail in charges.KNOWN_RAILS else None
+    refused = creation_problem(adapter, amount, currency, payer) if adapter is not None \
+        and not isinstance(amount, bool) and isinstance(amount, int) and isinstance(currency, str) \
+        and isinstance(payer, str) else None
+    if refused:  # a pairing the rail can never carry: a clear error, nothing written
+        raise charges.InvalidPayment(*refused)
     with pool.connection() as conn:
         created = charges.create_payment(conn, merchant_id=merchant_id, amount=amount,
                                        currency=currency, rail=rail, payer=payer,

@@ -47,7 +47,7 @@ from vpay.base.logs import committed
 from vpay.engine.outcome import Done, Outcome
 from vpay.money.pollable import FIRST_POLL_SECONDS, Pollable, Settled
 from vpay.base.queries import Q
-from vpay.rails.port import Rail, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind
+from vpay.rails.port import REFUNDS_REFUSED, Rail, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind
 
 log = logging.getLogger("vpay.refunds")
 
@@ -82,7 +82,8 @@ def create_refund(conn: psycopg.Connection, *, charge_id: str, amount: int | Non
     together give back more than the charge's amount.
 
     Raises ``InvalidRefund`` (nothing written) when the charge is unknown,
-    is not ``succeeded``, or ``amount`` is not a positive int or exceeds the
+    is not ``succeeded``, is on a rail whose refunds are refused
+    (``rails.port.REFUNDS_REFUSED``: M-Pesa), or ``amount`` is not a positive int or exceeds the
     charge's amount minus its other non-failed refunds.
 
     ``refund_id`` (default: a fresh ``re_…``) lets a caller name the refund
@@ -102,6 +103,8 @@ def create_refund(conn: psycopg.Connection, *, charge_id: str, amount: int | Non
             raise InvalidRefund("charge", "charge_not_succeeded",
                                 f"charge {charge_id} is {charge['status']}: only a succeeded charge "
                                 "can be refunded")
+        if charge["rail"] in REFUNDS_REFUSED:
+            raise InvalidRefund("charge", "refunds_unsupported", REFUNDS_REFUSED[charge["rail"]])
         refunded = cur.execute(Q["refunded_amount"], {"charge_id": charge_id}).fetchone()["refunded"]
         remaining = charge["amount"] - refunded
         if remaining <= 0:

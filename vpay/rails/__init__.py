@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from vpay.rails.port import Rail, RailError
-
-KNOWN_RAILS = ("mtn", "orange")
-"""Rails a charge may name: MTN MoMo (``vpay.rails.mtn``) and Orange Money Web
-Payment (``vpay.rails.orange``). A known rail may still be unconfigured in a
-given process: ``build_rail`` then raises ``RailError``."""
+from vpay.rails.port import KNOWN_RAILS, Rail, RailError  # noqa: F401  (KNOWN_RAILS re-exported)
 
 
 def build_rail(code: str, **overrides) -> Rail:
     """The adapter for ``code``, configured from the environment (contract:
-    ``VPAY_MTN_*``, ``VPAY_ORANGE_*``); ``overrides`` are constructor
+    ``VPAY_MTN_*``, ``VPAY_ORANGE_*``, ``VPAY_MPESA_*``, ``VPAY_PAWAPAY_*``); ``overrides`` are constructor
     arguments that win over it (the API passes a shorter ``total_timeout``).
     Raises ``RailError`` for an unknown or unconfigured rail (the message
     names missing variables, never values). Each setting may come from the
@@ -25,6 +20,12 @@ def build_rail(code: str, **overrides) -> Rail:
     if code == "orange":
         from vpay.rails.orange import OrangeMoney
         return OrangeMoney.from_env(WithCredentials(), **overrides)
+    if code == "mpesa":
+        from vpay.rails.mpesa import MpesaDaraja
+        return MpesaDaraja.from_env(WithCredentials(), **overrides)
+    if code == "pawapay":
+        from vpay.rails.pawapay import PawaPay
+        return PawaPay.from_env(WithCredentials(), **overrides)
     raise RailError(f"unknown rail {code!r}; known: {', '.join(KNOWN_RAILS)}")
 
 

@@ -23,11 +23,22 @@ from vpay.base.settings import env_seconds
 
 
 
-KNOWN_RAILS = ("mtn", "orange")
-"""Rails a charge may name: MTN MoMo (``vpay.rails.mtn``) and Orange Money Web
-Payment (``vpay.rails.orange``). A known rail may still be unconfigured in a
-given process: ``vpay.rails.build_rail`` then raises ``RailError``. Each is
-also a lane (``vpay.money.lanes``)."""
+KNOWN_RAILS = ("mtn", "orange", "mpesa", "pawapay")
+"""Rails a charge may name: MTN MoMo (``vpay.rails.mtn``), Orange Money Web
+Payment (``vpay.rails.orange``), M-Pesa Daraja STK Push (``vpay.rails.mpesa``)
+and pawaPay (``vpay.rails.pawapay``). A known rail may still be unconfigured
+in a given process: ``vpay.rails.build_rail`` then raises ``RailError``. Each
+is also a lane (``vpay.money.lanes``) and a value the ``rail`` / ``lane``
+CHECKs accept (``sql/0021_mpesa_pawapay.sql``)."""
+
+REFUNDS_REFUSED = {
+    "mpesa": "M-Pesa refunds are not supported: Daraja's reversal answers only through a "
+             "callback, so no status read could ever settle one; refund the payer another way",
+}
+"""Rails whose refunds are refused at creation (``refunds.create_refund``),
+with the reason shown to the caller: nothing is created that nothing could
+settle."""
+
 
 class RailError(Exception):
     """A rail adapter could not be built or called as configured (missing base
@@ -83,7 +94,8 @@ class ChargeRequest:
     payer: str
     description: str = ""
     # What the rail handed back at submission and we stored (charges.rail_data),
-    # e.g. Orange's pay_token, needed by its status query. Never a secret such
+    # e.g. Orange's pay_token or M-Pesa's CheckoutRequestID (a reference the
+    # RAIL assigns: the key of its status read), needed by its status query. Never a secret such
     # as Orange's notif_token (only its hash is stored). Empty for MTN.
     rail_data: Mapping[str, str] = field(default_factory=dict)
     # True when this request-to-pay may have been sent before (the resubmit
@@ -219,10 +231,16 @@ class Rail(Protocol):
     never put a credential in a log line or an exception text.
     """
 
-    code: str  # "mtn", "orange": the {code} of /provider/{code}/callback and charges.rail
-    # False for a rail that cannot give money back (Orange Money Web Payment):
-    # a refund of its charge is refused before anything is written.
+    code: str  # "mtn", "orange", ...: the {code} of /provider/{code}/callback and charges.rail
+    # False for a rail that cannot give money back (Orange Money Web Payment,
+    # M-Pesa): a refund of its charge is refused before anything is written.
     refunds_supported: bool = True
+
+    # Optional (``creation_problem`` below reads it with getattr):
+    # ``payment_problem(amount, currency, payer) -> (param, message) | None``,
+    # what this rail can never carry (M-Pesa: not KES, not whole shillings;
+    # pawaPay: a country or currency not configured), so that the payment is
+    # refused at creation, before anything is written.
 
     def request_to_pay(self, charge: ChargeRequest) -> Submit:
         """Ask the payer to pay. Safe to repeat with the same ``rail_reference``."""
@@ -308,3 +326,13 @@ def reported_currency(body: dict, unreadable: list[str]) -> str | None:
         return raw.upper()
     unreadable.append("currency")
     return None
+
+
+def creation_problem(rail: "Rail | None", amount: int, currency: str, payer: str) -> tuple[str, str] | None:
+    """``(param, message)`` when ``rail`` can never carry a payment of
+    ``amount`` minor units of ``currency`` from ``payer`` (an adapter's
+    optional ``payment_problem``), else ``None``. The caller refuses the
+    payment at creation with that clear error and writes nothing
+    (``vpay.money.payments.create_and_submit``)."""
+    check = getattr(rail, "payment_problem", None)
+    return check(amount, currency, payer) if callable(check) else None

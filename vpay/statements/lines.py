@@ -114,9 +114,11 @@ def parse_amount(text: str, currency: str) -> int | None:
     return int(scaled)
 
 
-def parse_time(text: str, now: datetime | None = None) -> datetime | None:
+def parse_time(text: str, now: datetime | None = None, utc_offset_hours: int = 0) -> datetime | None:
     """ISO 8601 (``2026-11-30T14:05:00Z``, ``2026-11-30 14:05:00``) as an
-    aware UTC datetime; no offset = UTC. ``None`` when unreadable: not ISO
+    aware UTC datetime; no offset = ``utc_offset_hours`` (the profile's local
+    time: M-Pesa's statement is in Kenya time; default UTC), so the lag window
+    is judged on the real instant. ``None`` when unreadable: not ISO
     8601, an offset beyond ``MAX_OFFSET``, before ``EARLIEST_TIME``, or more
     than ``FUTURE_SLACK`` after ``now`` (default: the current time)."""
     try:
@@ -124,7 +126,7 @@ def parse_time(text: str, now: datetime | None = None) -> datetime | None:
     except ValueError:
         return None
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=timezone(timedelta(hours=utc_offset_hours)))
     offset = value.utcoffset()
     if offset is None or abs(offset) > MAX_OFFSET:
         return None
@@ -196,7 +198,7 @@ def _line(line_no: int, fields: list[str], index: dict[str, int], profile: Profi
                    else "pending" if word in PENDING else None)
     if line.status is None:
         line.fail(f"unknown status {line.status_text!r}" if line.status_text else "no status")
-    currency_text = get("currency")
+    currency_text = get("currency") or profile.default_currency
     currency = (currency_text or "").upper()
     if _CURRENCY.fullmatch(currency):
         line.currency = currency
@@ -214,14 +216,14 @@ def _line(line_no: int, fields: list[str], index: dict[str, int], profile: Profi
         else:
             line.amount = abs(minor)
     time_text = get("time")
-    line.time = parse_time(time_text, now) if time_text else None
+    line.time = parse_time(time_text, now, profile.utc_offset_hours) if time_text else None
     if line.time is None:
         line.fail(_time_error(time_text, now) if time_text else "no time")
     for key in ("period_start", "period_end"):
         text = get(key)
         if text is None:
             continue
-        value = parse_time(text, now)
+        value = parse_time(text, now, profile.utc_offset_hours)
         if value is None:
             line.fail(f"{key.replace('_', ' ')}: {_time_error(text, now)}")
         elif key == "period_end" and len(text) == 10:  # a date alone: the period covers that whole day

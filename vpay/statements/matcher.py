@@ -168,19 +168,25 @@ def _resolve(conn: psycopg.Connection, rail: str, lines: list[Line]) -> list[tup
             Q["charges_for_statement"], {"rail": rail, "refs": refs, "txids": txids})]
         refunds = [dict(zip(_REFUND_COLS, r)) for r in conn.execute(
             Q["refunds_for_statement"], {"rail": rail, "refs": refs, "txids": txids})]
-        index = {"charge": _index(charges, order_ids=rail == "orange"), "refund": _index(refunds)}
+        index = {"charge": _index(charges, prefix=PREFIX_REFERENCES.get(rail)), "refund": _index(refunds)}
         out.extend(_find(l, index) for l in chunk)
     return out
 
 
-def _index(rows: list[dict[str, Any]], order_ids: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+PREFIX_REFERENCES = {"orange": 30, "mpesa": 12}
+"""Rails whose statement names a charge by the first N hex digits of its
+reference: Orange's ``order_id`` (30) and M-Pesa's ``AccountReference`` (12,
+Daraja's limit; ``vpay.rails.mpesa.account_reference``)."""
+
+
+def _index(rows: list[dict[str, Any]], prefix: int | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     by_ref: dict[str, dict[str, Any]] = {}
     by_txid: dict[str, dict[str, Any]] = {}
     for row in rows:
         by_ref[canonical(row["rail_reference"])] = row
         by_ref[row["id"]] = row
-        if order_ids:
-            by_ref[row["rail_reference"].replace("-", "").lower()[:30]] = row
+        if prefix:
+            by_ref[row["rail_reference"].replace("-", "").lower()[:prefix]] = row
         if row["rail_transaction_id"]:
             by_txid[canonical(row["rail_transaction_id"])] = row
     return {"ref": by_ref, "txid": by_txid}

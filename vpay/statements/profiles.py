@@ -35,13 +35,20 @@ class BadMap(ValueError):
 class Profile:
     """``columns``: map key → column name. ``default_status``: the status of
     every line when the format has no status column (``None``: it must have
-    one). ``optional``: keys whose column may be absent from a file."""
+    one). ``optional``: keys whose column may be absent from a file.
+    ``default_currency``: the currency of every line when the format has no
+    currency column (M-Pesa's organisation statement: a KES account).
+    ``utc_offset_hours``: the offset of times written without one (M-Pesa's
+    statement is in Kenya time, UTC+3; default UTC), so the lag window is
+    judged on the real instant."""
 
     name: str
     description: str
     columns: dict[str, str]
     default_status: str | None = None
     optional: frozenset[str] = field(default_factory=frozenset)
+    default_currency: str | None = None
+    utc_offset_hours: int = 0
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -68,6 +75,15 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
          "rail_transaction_id": "Financial Transaction ID", "amount": "Deposited amount",
          "currency": "Currency", "status": "Status", "reason": "Reason"},
         optional=frozenset({"msisdn", "reason"})),
+    Profile(
+        "mpesa",
+        "M-Pesa's organisation statement (Daraja / M-Pesa org portal export): Receipt No., "
+        "Completion Time (Kenya time), Details, Transaction Status, Paid In, Withdrawn, Balance, "
+        "Reason Type, A/C No. (the AccountReference we sent: the first 12 hex digits of the "
+        "charge's reference); every amount in KES",
+        {"rail_transaction_id": "Receipt No.", "time": "Completion Time", "status": "Transaction Status",
+         "amount": "Paid In", "reference": "A/C No.", "reason": "Reason Type"},
+        optional=frozenset({"reason"}), default_currency="KES", utc_offset_hours=3),
     Profile(
         "sandbox",
         "the sandbox rail's export (vpay/sandbox/statement.py): Date (UTC), Type, Reference ID, "
