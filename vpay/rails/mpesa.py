@@ -161,7 +161,6 @@ class MpesaDaraja:
     worker's threads (the token cache has a lock)."""
 
     code = "mpesa"
-    refunds_supported = False  # Daraja's reversal is asynchronous: rails.port.REFUNDS_REFUSED
 
     def __init__(self, base_url: str, consumer_key: str, consumer_secret: str, shortcode: str,
                  passkey: str, callback_url: str, party_b: str | None = None,

@@ -232,8 +232,9 @@ class Rail(Protocol):
     """
 
     code: str  # "mtn", "orange", ...: the {code} of /provider/{code}/callback and charges.rail
-    # False for a rail that cannot give money back (Orange Money Web Payment,
-    # M-Pesa): a refund of its charge is refused before anything is written.
+    # False for a rail that cannot give money back (Orange Money Web Payment):
+    # a refund of its charge is refused before anything is written. (M-Pesa's
+    # refusal is REFUNDS_REFUSED: by the charge's rail, even unconfigured.)
     refunds_supported: bool = True
 
     # Optional (``creation_problem`` below reads it with getattr):
