@@ -31,7 +31,18 @@ constant time (``hmac.compare_digest``) with the one stored at submission
 like an unknown reference: nothing written, the same 202 bytes and headers,
 logged at info (``notif_token mismatch``). The token is never logged.
 
-Only ``jobs`` is ever written: no charge, intent or event. The answer is
+A lost submission answer (M-Pesa, docs/flows/mpesa.md "A lost answer"):
+the callback may carry the identifier the rail assigned and its status read
+needs (``CallbackIds.status_keys``: Daraja's ``CheckoutRequestID``). It is
+stored in ``charges.rail_data`` by ``charges.adopt_status_keys`` only for a
+live, unconfirmed charge whose one request may have left and that holds
+none yet, and only when no other charge holds it; never a status. A forged
+identifier can then only make the read answer NOT_FOUND (nothing settles;
+the horizon and the statement decide), never point the read at another
+charge's payment.
+
+Apart from that identifier, only ``jobs`` is ever written: no status,
+intent or event. The answer is
 202 with the same bytes and headers whether or not the reference names a
 charge (no oracle for "does this charge exist"); a miss is logged at info.
 Unknown ``{code}`` → 404; unreadable input → 400 with a generic message;
@@ -49,7 +60,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from vpay.engine import queue
-from vpay.money.charges import FIRST_POLL_SECONDS, notif_token_sha256
+from vpay.money.charges import FIRST_POLL_SECONDS, adopt_status_keys, notif_token_sha256
 from vpay.base.queries import Q
 from vpay.rails import KNOWN_RAILS
 from vpay.rails.port import MalformedCallback, RailError
@@ -153,6 +164,8 @@ class CallbackResource:
                     "token_present": "notif_token" in ids.hints, "hints": hints})
                 answer(resp, 202, ACCEPTED_BODY)
                 return
+            adopted = (adopt_status_keys(conn, code, ids.rail_reference, dict(ids.status_keys))
+                       if proof is not None and ids.status_keys else None)
             charge_id, action = (None, "unknown_reference") if proof is None else \
                 apply_hint(conn, code, ids.rail_reference)
         if charge_id is None:
@@ -162,6 +175,7 @@ class CallbackResource:
         else:
             log.info("callback hint", extra={"rail": code, "rail_reference": ids.rail_reference,
                                              "charge_id": charge_id, "action": action,
+                                             "status_key_adopted": adopted is not None,
                                              "hints": hints})
         answer(resp, 202, ACCEPTED_BODY)
 

@@ -36,7 +36,7 @@ from vpay.money.ids import new_id, new_rail_reference
 from vpay.money.pollable import FIRST_POLL_SECONDS, Pollable, Settled
 from vpay.base.logs import committed
 from vpay.base.queries import Q
-from vpay.rails.port import KNOWN_RAILS, ChargeRequest, Rail, RailStatus, StatusKind
+from vpay.rails.port import KNOWN_RAILS, ChargeRequest, Rail, RailStatus, StatusKind, resend_safe
 
 log = logging.getLogger("vpay.money")
 
@@ -156,12 +156,19 @@ def create_payment(conn: psycopg.Connection, *, merchant_id: str, amount: int, c
     return Created(intent=intent, charge=charge)
 
 
+REQUEST_SENT_AT = "request_sent_at"
+"""``charges.rail_data`` key (the database's clock, as text) marking that
+the one request-to-pay of a rail that is not ``resend_safe`` may have left
+(``claim_the_one_send``). Ours, not the rail's: never shown to the adapter."""
+OURS = frozenset({"notif_token", REQUEST_SENT_AT})
+
+
 def charge_request(charge: dict[str, Any], description: str | None = None) -> ChargeRequest:
     """The rail port's view of a charge row. ``rail_data`` is the charge's
     stored ``rail_data`` (string values only; never a ``notif_token``, which
-    is not stored anyway)."""
+    is not stored anyway, nor our own ``request_sent_at``)."""
     stored = charge.get("rail_data") or {}
-    rail_data = {k: v for k, v in stored.items() if isinstance(v, str) and k != "notif_token"}
+    rail_data = {k: v for k, v in stored.items() if isinstance(v, str) and k not in OURS}
     return ChargeRequest(charge_id=charge["id"], rail_reference=charge["rail_reference"],
                          amount=charge["amount"], currency=charge["currency"],
                          payer=charge["payer"], description=description or "",
@@ -200,6 +207,63 @@ def record_submission(conn: psycopg.Connection, charge_id: str, rail_data: dict[
     log.info("submission recorded", extra={"charge_id": charge_id, "rail_data_keys": sorted(rail_data),
                                            "notif_token_stored": digest is not None})
     return True
+
+
+def claim_the_one_send(conn: psycopg.Connection, charge_id: str) -> bool:
+    """For a rail that cannot take a request-to-pay twice (``Rail.resend_safe``
+    False): mark, committed before the rail is called, that the charge's one
+    request may leave (``rail_data.request_sent_at``). Answers False, and the
+    caller must not send, when it was marked before (an earlier send may
+    have reached the payer: its answer was lost), or the charge is confirmed,
+    ended or unknown. A compare-and-swap: of two racing callers one wins."""
+    with conn.transaction():
+        return conn.execute(Q["claim_the_one_send"], {"id": charge_id}).fetchone() is not None
+
+
+def forget_unsent_request(conn: psycopg.Connection, charge_id: str) -> bool:
+    """Undo ``claim_the_one_send`` when the request surely never reached the
+    rail (``Submit.unsent``, a paused rail) or the rail refused it outright
+    (our configuration): it may be sent again. Answers whether a mark of an
+    unconfirmed charge was dropped."""
+    with conn.transaction():
+        return conn.execute(Q["forget_unsent_request"], {"id": charge_id}).fetchone() is not None
+
+
+def request_may_have_left(charge: dict[str, Any]) -> bool:
+    """Whether ``charge`` (a row) was marked by ``claim_the_one_send`` and
+    not confirmed: its one request may have reached the rail, and its
+    answer, if any, was lost."""
+    return charge.get("submitted_at") is None and bool((charge.get("rail_data") or {}).get(REQUEST_SENT_AT))
+
+
+def adopt_status_keys(conn: psycopg.Connection, rail: str, reference: str,
+                      keys: dict[str, str]) -> str | None:
+    """Keep ``keys`` (identifiers the rail assigned, from a callback:
+    ``CallbackIds.status_keys``, M-Pesa's ``checkout_request_id``) as the
+    key of the status read of the charge ``(rail, reference)`` names, and
+    answer its id; ``None`` when nothing was stored. Identifiers only, never
+    a status: only the status read made with them can settle the charge.
+
+    Stored only when all hold (a forged callback can then at worst name a
+    wrong identifier, which the read answers NOT_FOUND: nothing settles, the
+    charge escalates at the horizon and the statement decides): the charge
+    is live (``pending`` / ``unresolved``), unconfirmed, its one request may
+    have left (``request_may_have_left``), it holds none of these keys yet
+    (the first callback wins), and no other charge of the rail holds these
+    identifiers (so it cannot be pointed at another charge's payment). An
+    advisory lock on the identifiers makes two charges adopting one at once
+    impossible. Raises ``ValueError`` for empty keys or non-string values."""
+    if not keys or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in keys.items()):
+        raise ValueError("status keys are non-empty strings")
+    lock = "|".join(f"{k}={keys[k]}" for k in sorted(keys))
+    with conn.transaction():
+        conn.execute(Q["lock_status_keys"], {"lock": f"{rail}:{lock}"})
+        row = conn.execute(Q["adopt_status_keys"], {"rail": rail, "reference": reference,
+                                                    "keys": Jsonb(dict(keys)), "names": sorted(keys)}).fetchone()
+    if row is not None:
+        log.info("status key adopted from a callback",
+                 extra={"charge_id": row[0], "rail": rail, "keys": sorted(keys)})
+    return row[0] if row is not None else None
 
 
 def load_charge(conn: psycopg.Connection, charge_id: str) -> dict[str, Any] | None:
@@ -324,7 +388,13 @@ def _settle_intent(conn: psycopg.Connection, charge: dict[str, Any], event_type:
 
 def _schedule_resubmit(ctx, rail: Rail, charge: dict[str, Any]) -> None:
     """A 404 for a request-to-pay never confirmed: ``resubmit:<charge_id>``
-    re-sends it (while the prompt lives) or fails it (``not_submitted``)."""
+    re-sends it (while the prompt lives) or fails it (``not_submitted``).
+    Not for a rail that cannot take it twice whose one request may have
+    left (``request_may_have_left``): "not found" only says we never learnt
+    its identifier, so the charge stays on its ladder, waits for a callback
+    to name it, and escalates at the horizon (docs/flows/mpesa.md)."""
+    if not resend_safe(rail) and request_may_have_left(charge):
+        return
     with ctx.pool.connection() as conn:
         queue.enqueue(conn, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]})
 

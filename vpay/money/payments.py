@@ -10,6 +10,8 @@ not call the rail at all and leaves the submission to the worker's
 A process killed between the two leaves a pending charge with a poll job: the
 poll reads 404 from the rail and enqueues ``resubmit:<charge_id>``, which
 sends the same ``X-Reference-Id`` again (issue: the whole charge lifecycle).
+A rail that cannot take a request twice (``Rail.resend_safe`` False: M-Pesa)
+is sent it at most once per charge (``submit``).
 """
 
 from __future__ import annotations
@@ -26,9 +28,21 @@ from vpay.money import misconfiguration, charges
 from vpay.engine import queue
 from vpay.base import testhooks
 from vpay.base.logs import committed
-from vpay.rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind, creation_problem
+from vpay.rails.port import Rail, RailPaused, StatusKind, Submit, SubmitKind, creation_problem, resend_safe
 
 log = logging.getLogger("vpay.payments")
+
+
+ANSWER_LOST = "ANSWER_LOST"
+"""``Submit.reason`` when a rail that cannot take a request twice is not
+sent one because an earlier send may have reached the payer."""
+
+
+def answer_lost(rail: Rail, answer: Submit) -> bool:
+    """Whether ``answer`` leaves a request that may have reached ``rail``
+    unconfirmed on a rail that cannot take it twice: the charge must wait
+    (no resend) for a callback's identifier, the horizon and the statement."""
+    return not resend_safe(rail) and answer.kind is SubmitKind.NO_ANSWER and not answer.unsent
 
 
 def resubmit_delay(attempt: int) -> float:
@@ -57,11 +71,28 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
 
     A paused rail (``RailPaused``: nothing was sent) is "no answer" with the
     resubmit due at the end of the pause; the resubmit job itself lets
-    ``RailPaused`` through to ``handlers.handle``, which defers it."""
+    ``RailPaused`` through to ``handlers.handle``, which defers it.
+
+    A rail that cannot take a request twice (``Rail.resend_safe`` False:
+    M-Pesa) is sent it at most once per charge: ``charges.claim_the_one_send``
+    commits the mark before the call, and a charge marked before is not sent
+    again (answer ``NO_ANSWER`` / ``ANSWER_LOST``, nothing sent). A lost
+    answer (``answer_lost``: no answer, and not surely ``unsent``) keeps the
+    mark and schedules no resubmit: the charge waits for a callback to name
+    its identifier, and escalates at the horizon (docs/flows/mpesa.md, "A
+    lost answer"). An answer proving nothing reached the payer (``unsent``,
+    a pause, a refusal of our configuration) drops the mark."""
     request = charges.charge_request(charge, description)
+    once = not resend_safe(rail)
+    if once and not charges.claim_the_one_send(conn, charge["id"]):
+        log.warning("request-to-pay not sent again: the rail cannot take it twice and an earlier "
+                    "send may have reached the payer", extra={"charge_id": charge["id"], "rail": charge["rail"]})
+        return Submit(SubmitKind.NO_ANSWER, reason=ANSWER_LOST)
     try:
         answer = rail.request_to_pay(dataclasses.replace(request, resend=True) if resend else request)
     except RailPaused as paused:
+        if once:
+            charges.forget_unsent_request(conn, charge["id"])
         if not schedule_resubmit:
             raise
         queue.enqueue(conn, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]},
@@ -80,6 +111,8 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
     elif answer.kind is SubmitKind.REJECTED:
         charges.settle(conn, charge["id"], StatusKind.FAILED, failure_code=answer.reason or "rejected")
     elif answer.kind is SubmitKind.MISCONFIGURED:
+        if once:  # refused before it reached a payer: once fixed, it may be sent
+            charges.forget_unsent_request(conn, charge["id"])
         with committed(conn):  # the alert and the failure together, or neither
             misconfiguration.alert(conn, charge["rail"], answer.reason, operation="request_to_pay",
                                    http_status=answer.http_status, charge_id=charge["id"],
@@ -87,6 +120,14 @@ def submit(conn: psycopg.Connection, rail: Rail, charge: dict[str, Any],
             if not resend:
                 charges.settle(conn, charge["id"], StatusKind.FAILED,
                              failure_code=misconfiguration.FAILURE_CODE)
+    elif once and not answer.unsent:
+        log.warning("request-to-pay answer lost on a rail that cannot take it twice: not sent again; "
+                    "waiting for a callback to name it, the 24-hour escalation and the statement",
+                    extra={"charge_id": charge["id"], "rail": charge["rail"], "reason": answer.reason,
+                           "http_status": answer.http_status})
+    elif once and not charges.forget_unsent_request(conn, charge["id"]):
+        # Confirmed meanwhile (a callback's identifier, read by the poll): nothing to send.
+        log.info("request-to-pay unsent, but the charge is confirmed already", extra={"charge_id": charge["id"]})
     elif schedule_resubmit:
         queue.enqueue(conn, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]},
                       delay=resubmit_delay(1))

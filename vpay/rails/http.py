@@ -15,6 +15,7 @@ import math
 from typing import Any, Callable
 
 import requests
+from urllib3.exceptions import NewConnectionError
 from tenacity import (
     Retrying,
     retry_if_exception_type,
@@ -59,16 +60,19 @@ class NoAnswer(Exception):
     token endpoint refused our credentials)."""
 
     def __init__(self, reason: str, detail: str, http_status: int | None = None,
-                 misconfigured: bool = False):
+                 misconfigured: bool = False, unsent: bool = False):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
         self.http_status = http_status
         self.misconfigured = misconfigured
+        # The request surely never reached the rail (``Submit.unsent``).
+        self.unsent = unsent
 
     def submit(self) -> Submit:
         kind = SubmitKind.MISCONFIGURED if self.misconfigured else SubmitKind.NO_ANSWER
-        return Submit(kind, reason=self.reason, http_status=self.http_status)
+        return Submit(kind, reason=self.reason, http_status=self.http_status,
+                      unsent=self.unsent and kind is SubmitKind.NO_ANSWER)
 
     def status(self) -> RailStatus:
         kind = StatusKind.MISCONFIGURED if self.misconfigured else StatusKind.NO_ANSWER
@@ -127,12 +131,13 @@ def exchange(
     try:
         response = retrying(session.request, method, url, timeout=timeout, **request_kwargs)
     except requests.RequestException as exc:
+        unsent = never_connected(exc)
         if deadline.expired:
-            raise NoAnswer("TIMEOUT", f"total deadline of {deadline.seconds:g} s passed") from None
+            raise NoAnswer("TIMEOUT", f"total deadline of {deadline.seconds:g} s passed", unsent=unsent) from None
         if isinstance(exc, requests.Timeout):
             # Only the class name: exception texts can carry URLs.
-            raise NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__}){detail_suffix}") from None
-        raise NoAnswer("CONNECTION_ERROR", f"{type(exc).__name__}{detail_suffix}") from None
+            raise NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__}){detail_suffix}", unsent=unsent) from None
+        raise NoAnswer("CONNECTION_ERROR", f"{type(exc).__name__}{detail_suffix}", unsent=unsent) from None
     if response.status_code in BACKPRESSURE_STATUSES:
         wait = parse_retry_after(response.headers.get("retry-after"), response.headers.get("date"))
         if wait is not None and wait > 0:
@@ -140,6 +145,21 @@ def exchange(
                                     f"{response.headers.get('retry-after', '')[:40]}")
             raise RailPaused(rail, left, f"HTTP {response.status_code} with Retry-After")
     return response
+
+
+def never_connected(exc: BaseException) -> bool:
+    """Whether ``exc`` (the last attempt's ``requests`` error) proves that no
+    byte of the request left: the connection timed out before it was made
+    (``ConnectTimeout``) or was refused (urllib3's ``NewConnectionError``).
+    A reset, a read timeout or anything else may follow a request the rail
+    received: False. (Every earlier attempt of a ``RETRY_UNSENT_ONLY`` call
+    was a ``ConnectTimeout``, or it would not have been retried.)"""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    if isinstance(exc, requests.ConnectionError):
+        reason = getattr(exc.args[0], "reason", None) if exc.args else None
+        return isinstance(reason, NewConnectionError)
+    return False
 
 
 def json_object(content: bytes) -> dict[str, Any] | None:

@@ -161,6 +161,9 @@ class MpesaDaraja:
     worker's threads (the token cache has a lock)."""
 
     code = "mpesa"
+    # STK Push has no idempotency key of ours: a second send is a second
+    # prompt (docs/flows/mpesa.md, "A lost answer"; ``Rail.resend_safe``).
+    resend_safe = False
 
     def __init__(self, base_url: str, consumer_key: str, consumer_secret: str, shortcode: str,
                  passkey: str, callback_url: str, party_b: str | None = None,
@@ -277,9 +280,12 @@ class MpesaDaraja:
           "unable to lock subscriber", ``500.003.02`` system busy, spike
           arrest), timeouts, a 200 without a CheckoutRequestID → NO_ANSWER.
 
-        Not idempotent at Daraja (no key of ours): the init is not retried
-        once it may have left, and a lost answer leaves a prompt we cannot
-        read (docs/flows/mpesa.md, "A lost answer")."""
+        Not idempotent at Daraja (no key of ours; ``resend_safe`` is False):
+        the init is not retried once it may have left, and a NO_ANSWER says
+        ``unsent`` only when no push can have reached Daraja (the token
+        could not be had, the connection was never made); any other lost
+        answer leaves a prompt we can read only once a callback names its
+        CheckoutRequestID (docs/flows/mpesa.md, "A lost answer")."""
         problem = self.payment_problem(charge.amount, charge.currency, charge.payer)
         if problem:
             reason = "UNSUPPORTED_PAYER" if problem[0] == "payer" else "UNSUPPORTED_AMOUNT"
@@ -380,7 +386,11 @@ class MpesaDaraja:
     def parse_callback(self, query: Mapping[str, str], body: bytes) -> CallbackIds:
         """Identifiers only: ``ref`` (our UUID, from the CallBackURL we gave)
         and, for logs, ``Body.stkCallback``'s ``MerchantRequestID`` and
-        ``CheckoutRequestID``; its ``ResultCode`` is never read. Raises
+        ``CheckoutRequestID``; its ``ResultCode`` is never read. The
+        ``CheckoutRequestID`` is also offered as ``status_keys``
+        (``checkout_request_id``): the key of the STK Push Query, which the
+        callback route stores only for a charge whose push answer was lost
+        (``charges.adopt_status_keys``). Raises
         ``MalformedCallback`` for a missing or non-UUID ``ref`` or a
         non-empty body that is not a JSON object."""
         reference = (query.get("ref") or "").strip() if isinstance(query.get("ref"), str) else ""
@@ -401,7 +411,8 @@ class MpesaDaraja:
                     value = _ident(stk.get(key))
                     if value:
                         hints[key] = value
-        return CallbackIds(rail_reference=reference.lower(), hints=hints)
+        keys = {CHECKOUT_REQUEST_ID: hints["CheckoutRequestID"]} if "CheckoutRequestID" in hints else {}
+        return CallbackIds(rail_reference=reference.lower(), hints=hints, status_keys=keys)
 
     # --- Token and transport --------------------------------------------------
 
@@ -463,7 +474,14 @@ class MpesaDaraja:
         retry = RETRY_TRANSPORT_AND_5XX if retry_sent else RETRY_UNSENT_ONLY
         with Deadline(self.total_timeout) as deadline:
             for attempt in (1, 2):
-                token = self._access_token(deadline)
+                try:
+                    token = self._access_token(deadline)
+                except NoAnswer as no:
+                    # No call was made with this token: Daraja cannot have
+                    # acted on it (a first attempt refused for its token was
+                    # not acted on either).
+                    no.unsent = True
+                    raise
                 response = exchange(self._session, method, f"{self.base_url}{path}", rail=self.code,
                                     gate=self.gate, deadline=deadline, timeout=self.timeout,
                                     sleep=self._sleep, retry=retry, json=body,

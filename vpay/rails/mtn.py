@@ -196,6 +196,7 @@ class MtnMomo:
     """
 
     code = "mtn"
+    resend_safe = True  # the same X-Reference-Id again: 409, "already have it" (Rail.resend_safe)
 
     def __init__(
         self,

@@ -167,6 +167,7 @@ class OrangeMoney:
     """
 
     code = "orange"
+    resend_safe = True  # the same order_id again: "already have it" (Rail.resend_safe)
     refunds_supported = False  # Web Payment has no refund call (docs/flows/orange.md, "Refunds")
 
     def __init__(

@@ -106,6 +106,7 @@ class PawaPay:
     the gate)."""
 
     code = "pawapay"
+    resend_safe = True  # the same depositId again: DUPLICATE_IGNORED (Rail.resend_safe)
 
     def __init__(self, base_url: str, api_token: str, providers: Mapping[str, tuple[str, str]] | str,
                  connect_timeout: float = 3.05, read_timeout: float = 10.0,

@@ -123,6 +123,12 @@ class Submit:
     # Orange's pay_token, payment_url and notif_token (vpay.money.payments.submit
     # stores the first two and only the SHA-256 of notif_token). Empty for MTN.
     rail_data: Mapping[str, str] = field(default_factory=dict)
+    # NO_ANSWER only: True when the adapter KNOWS the request never left this
+    # process (the token fetch failed, the connection was never made), so the
+    # rail cannot have acted on it. False means "it may have arrived": for a
+    # rail that is not ``resend_safe`` that request is never sent again
+    # (docs/flows/mpesa.md, "A lost answer"). Conservative default.
+    unsent: bool = False
 
 
 class StatusKind(enum.Enum):
@@ -218,6 +224,13 @@ class CallbackIds:
 
     rail_reference: str
     hints: Mapping[str, str] = field(default_factory=dict)
+    # Identifiers the RAIL assigned that its status read needs, under their
+    # ``charges.rail_data`` keys (M-Pesa: ``checkout_request_id``), for a
+    # charge whose submission answer was lost. Never a status: stored only by
+    # ``vpay.money.charges.adopt_status_keys`` (a charge whose request may
+    # have left, that has none yet, and no other charge holds them); a wrong
+    # one makes the status read answer NOT_FOUND, which settles nothing.
+    status_keys: Mapping[str, str] = field(default_factory=dict)
 
 
 class Rail(Protocol):
@@ -236,6 +249,16 @@ class Rail(Protocol):
     # a refund of its charge is refused before anything is written. (M-Pesa's
     # refusal is REFUNDS_REFUSED: by the charge's rail, even unconfigured.)
     refunds_supported: bool = True
+    # Whether a request-to-pay whose answer was lost may be sent again
+    # automatically (``resend_safe``, below): True when the rail dedupes on a
+    # key of ours (MoMo's X-Reference-Id, Orange's order_id, pawaPay's
+    # depositId), so a resend is "already have it" at worst. False (M-Pesa:
+    # STK Push has no key of ours) means a second send is a second prompt,
+    # and a payer who approves both pays twice: such a request is sent at most
+    # once (``vpay.money.payments.submit``), and a charge whose answer was
+    # lost waits for an identifier (a callback's ``status_keys``), the 24-hour
+    # escalation and the statement.
+    resend_safe: bool = True
 
     # Optional (``creation_problem`` below reads it with getattr):
     # ``payment_problem(amount, currency, payer) -> (param, message) | None``,
@@ -244,7 +267,9 @@ class Rail(Protocol):
     # refused at creation, before anything is written.
 
     def request_to_pay(self, charge: ChargeRequest) -> Submit:
-        """Ask the payer to pay. Safe to repeat with the same ``rail_reference``."""
+        """Ask the payer to pay. Safe to repeat with the same
+        ``rail_reference`` when ``resend_safe``; otherwise sent at most once
+        per charge by ``vpay.money.payments.submit``."""
         ...
 
     def status(self, charge: ChargeRequest) -> RailStatus:
@@ -327,6 +352,13 @@ def reported_currency(body: dict, unreadable: list[str]) -> str | None:
         return raw.upper()
     unreadable.append("currency")
     return None
+
+
+def resend_safe(rail: "Rail | None") -> bool:
+    """``rail.resend_safe`` (default True, for adapters and doubles that do
+    not say): whether a request-to-pay that may have reached the rail can be
+    sent again without risking a second payment (the ``Rail`` attribute)."""
+    return bool(getattr(rail, "resend_safe", True))
 
 
 def creation_problem(rail: "Rail | None", amount: int, currency: str, payer: str) -> tuple[str, str] | None:
