@@ -13,6 +13,7 @@ import logging
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import requests
 import responses
 
 from vpay.rails import build_rail
@@ -225,6 +226,8 @@ def test_callback_gives_identifiers_only(rail):
                                                 "ResultCode": 0, "ResultDesc": "ok"}}}).encode()
     ids = rail.parse_callback({"ref": REFERENCE.upper()}, body)
     assert ids.rail_reference == REFERENCE and ids.hints == {"MerchantRequestID": "m1", "CheckoutRequestID": CHECKOUT}
+    assert ids.status_keys == {"checkout_request_id": CHECKOUT}     # an identifier, never the ResultCode
+    assert rail.parse_callback({"ref": REFERENCE}, b"").status_keys == {}
     with pytest.raises(MalformedCallback):
         rail.parse_callback({}, body)
     with pytest.raises(MalformedCallback):
@@ -268,3 +271,51 @@ def test_a_failed_token_fetch_is_remembered_briefly(rail, clock):
     responses.replace(responses.GET, TOKEN_URL, json={"access_token": TOKEN, "expires_in": "3599"})
     responses.add(responses.POST, QUERY_URL, json=query_answer("0"))
     assert rail.status(SUBMITTED).kind is StatusKind.SUCCEEDED
+
+
+def test_mpesa_is_not_resend_safe_and_the_other_rails_are():
+    from vpay.rails.mtn import MtnMomo
+    from vpay.rails.orange import OrangeMoney
+    from vpay.rails.pawapay import PawaPay
+    from vpay.rails.port import resend_safe
+    assert resend_safe(MpesaDaraja) is False
+    assert all(resend_safe(cls) for cls in (MtnMomo, OrangeMoney, PawaPay))
+    assert resend_safe(object()) is True       # a double that does not say keeps the old rule
+
+
+@responses.activate
+def test_a_push_that_may_have_left_is_never_called_unsent(rail):
+    token(responses)
+    responses.add(responses.POST, PUSH_URL, status=503, json={"errorCode": "503.001.01"})
+    assert rail.request_to_pay(CHARGE).unsent is False
+    responses.replace(responses.POST, PUSH_URL, body=requests.ReadTimeout("read timed out"))
+    answer = rail.request_to_pay(CHARGE)
+    assert (answer.kind, answer.unsent) == (SubmitKind.NO_ANSWER, False)   # a timeout after sending
+
+
+@responses.activate
+def test_a_push_that_never_left_is_unsent(rail, clock):
+    responses.add(responses.GET, TOKEN_URL, status=500, json={})           # no token: no push
+    answer = rail.request_to_pay(CHARGE)
+    assert (answer.kind, answer.unsent) == (SubmitKind.NO_ANSWER, True)
+    assert rail.request_to_pay(CHARGE).unsent is True                        # the remembered failure too
+    assert not any(c.request.url == PUSH_URL for c in responses.calls)
+    clock.now += 16
+    token(responses)
+    responses.replace(responses.GET, TOKEN_URL, json={"access_token": TOKEN, "expires_in": "3599"})
+    responses.add(responses.POST, PUSH_URL, body=requests.ConnectTimeout("connect timed out"))
+    answer = rail.request_to_pay(CHARGE)
+    assert (answer.kind, answer.unsent) == (SubmitKind.NO_ANSWER, True)    # the connection was never made
+
+
+@responses.activate
+def test_a_refused_connection_is_unsent_and_a_reset_is_not(rail):
+    from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError
+    token(responses)
+    refused = requests.ConnectionError(MaxRetryError(None, "/", reason=NewConnectionError(None, "refused")))
+    responses.add(responses.POST, PUSH_URL, body=refused)
+    assert rail.request_to_pay(CHARGE).unsent is True
+    reset = requests.ConnectionError(ProtocolError("Connection aborted.", ConnectionResetError()))
+    responses.replace(responses.POST, PUSH_URL, body=reset)
+    answer = rail.request_to_pay(CHARGE)
+    assert (answer.kind, answer.unsent) == (SubmitKind.NO_ANSWER, False)   # it may have been read first
