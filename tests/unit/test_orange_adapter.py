@@ -380,7 +380,9 @@ def test_parse_callback_returns_identifiers_and_never_a_status(adapter, claimed)
     body = json.dumps({"status": claimed, "notif_token": NOTIF_TOKEN, "txnid": "MP1"}).encode()
     ids = adapter.parse_callback({"ref": REFERENCE.upper()}, body)
     assert ids == CallbackIds(rail_reference=REFERENCE, hints={"notif_token": NOTIF_TOKEN, "txnid": "MP1"})
-    assert [f.name for f in dataclasses.fields(ids)] == ["rail_reference", "hints"]
+    # identifiers only: status_keys is a rail-assigned id for a lost answer (M-Pesa), never a status
+    assert [f.name for f in dataclasses.fields(ids)] == ["rail_reference", "hints", "status_keys"]
+    assert ids.status_keys == {}
     assert all(claimed is None or claimed not in str(v) for v in ids.hints.values())
 
 
