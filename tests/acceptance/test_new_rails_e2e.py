@@ -5,8 +5,9 @@ servers in this process) and a real Postgres.
 
 Each scripted outcome settles through the authenticated status read only:
 settle, decline, expire, in flight then success, a token revoked early
-(M-Pesa), a duplicate deposit id after a lost answer and a read that lags
-the write (pawaPay); creation refuses what a rail can never carry; M-Pesa
+(M-Pesa), a lost push answer never pushed again and settled through the
+callback's CheckoutRequestID (M-Pesa), a duplicate deposit id after a lost
+answer and a read that lags the write (pawaPay); creation refuses what a rail can never carry; M-Pesa
 refunds are refused, pawaPay's go through the pollable refund path."""
 
 from __future__ import annotations
@@ -172,6 +173,27 @@ def test_mpesa_callback_is_a_hint(stack, db):
     resp = requests.post(f"{stack.url}/provider/mpesa/callback?ref={charge['rail_reference']}", json=body, timeout=10)
     assert resp.status_code == 202
     assert _status(db, charge["id"])[0] == "pending"
+    # its push was answered: the callback's CheckoutRequestID is not adopted over the one Daraja gave us
+    assert _charge(db, intent["id"])["rail_data"]["checkout_request_id"] == charge["rail_data"]["checkout_request_id"]
+
+
+def test_mpesa_lost_answer_is_pushed_once_and_settles_by_the_callbacks_checkout_request_id(stack, db, spawn):
+    stack.daraja.script_payer(MPESA_PAYER, "approve")
+    stack.daraja.lose_next_answers(500)                      # Daraja took the push; we never heard its id
+    intent, charge = _create(stack, db, "mpesa")
+    ref = charge["rail_reference"]
+    assert charge["submitted_at"] is None and "checkout_request_id" not in charge["rail_data"]
+    spawn("vpay-worker", "--idle-sleep", "0.1", env=stack.env())
+    with TimeMachine(stack.db_url):
+        wait_until(lambda: db.execute("SELECT attempts FROM jobs WHERE dedupe_key = %s",
+                                      (f"poll:{charge['id']}",)).fetchone()[0] >= 3,
+                   timeout=60, what="three polls that cannot read the prompt")
+        assert _status(db, charge["id"])[0] == "pending" and stack.daraja.count("/processrequest", reference=ref) == 1
+        assert stack.daraja.notify(ref) == 202               # Daraja's callback names the CheckoutRequestID
+        wait_until(lambda: _status(db, charge["id"])[0] != "pending", timeout=60, what="settlement")
+    assert _status(db, charge["id"]) == ("succeeded", None, "succeeded")
+    assert _charge(db, intent["id"])["rail_data"]["checkout_request_id"] == stack.daraja.push(ref)["checkout"]
+    assert stack.daraja.count("/processrequest", reference=ref) == 1      # one prompt, ever
 
 
 @pytest.mark.parametrize("outcome,expected", [

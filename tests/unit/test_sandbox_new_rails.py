@@ -8,6 +8,7 @@ database, no process."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 
 import pytest
@@ -83,6 +84,20 @@ def test_mpesa_token_revoked_early_is_replaced_within_the_call(daraja, mpesa):
     daraja.expire_tokens()
     assert mpesa.status(charge).kind is StatusKind.SUCCEEDED
     assert [e["status_code"] for e in daraja.requests_log() if e["path"].endswith("/query")] == [401, 200]
+
+
+def test_mpesa_lost_answer_is_read_only_by_the_callbacks_checkout_request_id(daraja, mpesa):
+    daraja.lose_next_answers(500)
+    charge = kes_charge()
+    answer = mpesa.request_to_pay(charge)
+    assert (answer.kind, answer.unsent, answer.rail_data) == (SubmitKind.NO_ANSWER, False, {})
+    assert mpesa.status(charge).kind is StatusKind.NOT_FOUND                 # no id: nothing to ask
+    push = daraja.push(charge.rail_reference)                                # but the payer has the prompt
+    body = json.dumps({"Body": {"stkCallback": {"MerchantRequestID": push["merchant"],
+                                                "CheckoutRequestID": push["checkout"], "ResultCode": 0}}})
+    ids = mpesa.parse_callback({"ref": charge.rail_reference}, body.encode())
+    known = dataclasses.replace(charge, rail_data=dict(ids.status_keys))
+    assert mpesa.status(known).kind is StatusKind.SUCCEEDED
 
 
 def test_mpesa_refuses_what_daraja_refuses(daraja, mpesa):

@@ -25,8 +25,11 @@ the payer), ``expire`` (1037, unreachable; ``timeout`` is 1019),
 outcome is fixed when the push is made. ``expire_tokens()`` revokes every
 token before its ``expires_in`` (Daraja does); ``fail_next(*codes)`` answers
 the next calls (push or query) with Daraja's busy/limit errors (500
-``500.003.02``, 429 spike arrest). ``notify(checkout_or_ref)`` posts the STK
-callback to the push's CallBackURL (a hint: vpay reads only ``ref``).
+``500.003.02``, 429 spike arrest). ``lose_next_answers(*codes)`` takes the
+next pushes but answers them with these codes (the CheckoutRequestID never
+reaches the caller). ``notify(checkout_or_ref)`` posts the STK callback to
+the push's CallBackURL (a hint: vpay reads ``ref`` and, as an identifier
+only, ``CheckoutRequestID``).
 Inspection: ``pushes()``, ``push(checkout_or_ref)``, ``count(path_suffix)``.
 """
 
@@ -128,6 +131,7 @@ class MpesaSandbox(ServedDouble):
         self._scripts: dict[str, tuple[str, int]] = {}
         self._default: tuple[str, int] = ("approve", 0)
         self._failures: list[int] = []
+        self._lost: list[int] = []
         self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
         self._ids = itertools.count(1)
         self._bind(host, port, _Handler)
@@ -168,6 +172,14 @@ class MpesaSandbox(ServedDouble):
         with self._lock:
             self._failures.extend(codes)
 
+    def lose_next_answers(self, *codes: int) -> None:
+        """The next pushes are taken (the prompt goes to the payer, the
+        push is recorded with its CheckoutRequestID) but answered with these
+        HTTP codes and no CheckoutRequestID: the caller never learns it
+        (docs/flows/mpesa.md, "A lost answer"). ``notify`` still names it."""
+        with self._lock:
+            self._lost.extend(codes)
+
     def reset(self) -> None:
         """Forget pushes, scripts, failures and the log (tokens stay valid)."""
         with self._lock:
@@ -175,6 +187,7 @@ class MpesaSandbox(ServedDouble):
             self._scripts.clear()
             self._default = ("approve", 0)
             self._failures.clear()
+            self._lost.clear()
             self._log.clear()
 
     def pushes(self) -> list[dict[str, Any]]:
@@ -324,7 +337,10 @@ class MpesaSandbox(ServedDouble):
                      outcome=outcome, in_flight=in_flight)
         with self._lock:
             self._pushes[push.checkout] = push
+            lost = self._lost.pop(0) if self._lost else None
         entry.update(reference=reference, checkout=push.checkout)
+        if lost is not None:
+            return _error(lost, "500.003.02", "System is busy. Please try again in few minutes.")
         return Answer(200, {"MerchantRequestID": push.merchant, "CheckoutRequestID": push.checkout,
                             "ResponseCode": "0", "ResponseDescription": "Success. Request accepted for processing",
                             "CustomerMessage": "Success. Request accepted for processing"})
