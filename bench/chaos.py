@@ -137,6 +137,10 @@ class Chaos:
         self.times: dict[str, float] = {}
         self.forever_payers = [p.payer for p in plan.payments if p.expect == "PENDING"]
         self.doubles: dict = {}   # mpesa / pawapay sandboxes, in this process (mixed-rail runs)
+        # Webhook secrets are sealed under VPAY_SECRET_KEYS (docs/security.md): the
+        # caller's key when it has one, else one made for this run.
+        from vpay.base.secretbox import new_key
+        self.secret_keys = os.environ.get("VPAY_SECRET_KEYS", "").strip() or new_key()
         self.new_rail_violations: list[dict] = []
 
     # ------------------------------------------------------------ setup
@@ -163,6 +167,7 @@ class Chaos:
             "VPAY_PROMPT_TTL_SECONDS": str(self.args.prompt_ttl),
             "VPAY_DATABASE_OPEN_TIMEOUT_SECONDS": "30",
             "VPAY_LOG_LEVEL": self.args.log_level,
+            "VPAY_SECRET_KEYS": self.secret_keys,
         })
         if "mpesa" in self.doubles:
             env.update(self.doubles["mpesa"].env(f"{self.api_url}/provider/mpesa/callback"))
