@@ -72,8 +72,8 @@ def test_jobs_list_filters_dead_stranded_kind_and_says_the_state(db, db_url):
 
 @pytest.mark.parametrize("args, named", [
     (("jobs", "list", "--kind", "bogus"), "deliver"),
-    (("jobs", "list", "--lane", "bogus"), "mtn,orange,webhooks,housekeeping"),
-    (("jobs", "retry", "--all-dead", "--lane", "bogus"), "mtn,orange,webhooks,housekeeping"),
+    (("jobs", "list", "--lane", "bogus"), "mtn,orange,mpesa,pawapay,webhooks,housekeeping"),
+    (("jobs", "retry", "--all-dead", "--lane", "bogus"), "mtn,orange,mpesa,pawapay,webhooks,housekeeping"),
     (("alerts", "list", "--kind", "bogus"), "charge_unresolved"),
     (("alerts", "ack", "--all-open", "--kind", "bogus", "--note", "x"), "unknown_rail_transaction"),
 ])
