@@ -70,7 +70,7 @@ from vpay.base.http_deadline import Deadline, new_session
 from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 
 from vpay.rails.http import MAX_ATTEMPTS, RETRY_BUDGET_SECONDS, RETRY_WAITS, NoAnswer, exchange, json_object, lifetime_seconds
-from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, seconds_setting
+from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, seconds_setting, tuning_from_env
 
 from vpay.money.currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
 from vpay.rails.calls import rail_call
@@ -308,15 +308,9 @@ class MtnMomo:
             raise RailError(
                 "MTN MoMo adapter: missing environment variable(s): " + ", ".join(missing)
             )
-        for name, key in (("VPAY_MTN_CONNECT_TIMEOUT_SECONDS", "connect_timeout"),
-                          ("VPAY_MTN_READ_TIMEOUT_SECONDS", "read_timeout"),
-                          (_ENV_TOTAL_TIMEOUT, "total_timeout")):
-            value = seconds_setting(environ, name)
-            if value is not None and key not in kwargs:
-                kwargs[key] = value
-        pause = seconds_setting(environ, _ENV_MAX_PAUSE, maximum=3600.0)
-        if pause is not None and "max_pause" not in kwargs:
-            kwargs["max_pause"] = pause
+        tuning_from_env(environ, kwargs, {"connect_timeout": "VPAY_MTN_CONNECT_TIMEOUT_SECONDS",
+                                          "read_timeout": "VPAY_MTN_READ_TIMEOUT_SECONDS",
+                                          "total_timeout": _ENV_TOTAL_TIMEOUT}, _ENV_MAX_PAUSE)
         for name in (_ENV_BASE_URL, _ENV_CALLBACK_URL):
             problem = http_url_problem(environ[name]) if environ.get(name) else None
             if problem:  # named by its variable (never shown: it may carry a token)

@@ -79,7 +79,7 @@ from vpay.base.http_deadline import Deadline, new_session
 from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 from vpay.rails.calls import rail_call
 from vpay.rails.http import MAX_ATTEMPTS, RETRY_BUDGET_SECONDS, RETRY_TRANSPORT_AND_5XX, RETRY_UNSENT_ONLY, RETRY_WAITS, NoAnswer, exchange, json_object, lifetime_seconds
-from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, seconds_setting
+from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, tuning_from_env
 
 log = logging.getLogger("vpay.rails.orange")
 
@@ -281,16 +281,7 @@ class OrangeMoney:
             problem = http_url_problem(environ[_ENV[key]])
             if problem:  # named by its variable, never shown
                 raise RailError(f"Orange Money adapter: {_ENV[key]} {problem}")
-        for key, name in _ENV_TIMEOUTS.items():
-            value = seconds_setting(environ, name)
-            if value is not None and key not in kwargs:
-                kwargs[key] = value
-        pause = seconds_setting(environ, _ENV_MAX_PAUSE, maximum=3600.0)
-        if pause is not None and "max_pause" not in kwargs:
-            kwargs["max_pause"] = pause
-        for key, name in _ENV_OPTIONAL.items():
-            if key not in kwargs and environ.get(name):
-                kwargs[key] = environ[name]
+        tuning_from_env(environ, kwargs, _ENV_TIMEOUTS, _ENV_MAX_PAUSE, _ENV_OPTIONAL)
         return cls(**{key: environ[name] for key, name in _ENV.items()}, **kwargs)
 
     def __repr__(self) -> str:

@@ -48,7 +48,7 @@ from vpay.money.currency import major_string_to_minor, minor_to_major_string
 from vpay.rails.calls import rail_call
 from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 from vpay.rails.http import NoAnswer, exchange, json_object
-from vpay.rails.port import (CallbackIds, ChargeRequest, MalformedCallback, RailError, RailStatus, RefundRequest,
+from vpay.rails.port import (CallbackIds, ChargeRequest, MalformedCallback, RailError, RailStatus, RefundRequest, tuning_from_env,
                              StatusKind, Submit, SubmitKind, http_url_problem, reported_currency, seconds_setting)
 
 log = logging.getLogger("vpay.rails.pawapay")
@@ -145,13 +145,7 @@ class PawaPay:
         problem = http_url_problem(environ[_ENV["base_url"]])
         if problem:
             raise RailError(f"pawaPay adapter: VPAY_PAWAPAY_BASE_URL {problem}")
-        for key, name in _ENV_TIMEOUTS.items():
-            value = seconds_setting(environ, name)
-            if value is not None and key not in kwargs:
-                kwargs[key] = value
-        pause = seconds_setting(environ, _ENV_MAX_PAUSE, maximum=3600.0)
-        if pause is not None and "max_pause" not in kwargs:
-            kwargs["max_pause"] = pause
+        tuning_from_env(environ, kwargs, _ENV_TIMEOUTS, _ENV_MAX_PAUSE)
         return cls(**{key: environ[name] for key, name in _ENV.items()}, **kwargs)
 
     def __repr__(self) -> str:

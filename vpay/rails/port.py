@@ -72,6 +72,27 @@ def seconds_setting(environ, name: str, maximum: float = 600.0) -> float | None:
     return env_seconds(name, None, maximum=maximum, env=environ, error=RailError)
 
 
+def tuning_from_env(environ, kwargs: dict, timeouts: dict[str, str], max_pause_env: str,
+                    optional: dict[str, str] | None = None) -> dict:
+    """Fill an adapter's constructor ``kwargs`` from its environment, the
+    way every ``from_env`` does: each of ``timeouts`` (``{kwarg: VARIABLE}``,
+    seconds, ``seconds_setting``'s bound), ``max_pause`` from
+    ``max_pause_env`` (seconds, at most 3600), and each of ``optional``
+    (``{kwarg: VARIABLE}``, taken as text when set). A kwarg the caller
+    passed wins. Answers ``kwargs``; raises ``RailError`` on a bad value."""
+    for key, name in timeouts.items():
+        value = seconds_setting(environ, name)
+        if value is not None and key not in kwargs:
+            kwargs[key] = value
+    pause = seconds_setting(environ, max_pause_env, maximum=3600.0)
+    if pause is not None and "max_pause" not in kwargs:
+        kwargs["max_pause"] = pause
+    for key, name in (optional or {}).items():
+        if key not in kwargs and environ.get(name):
+            kwargs[key] = environ[name]
+    return kwargs
+
+
 class MalformedCallback(ValueError):
     """``parse_callback`` was given a body or query it cannot read. The route
     answers 400 and writes nothing."""
