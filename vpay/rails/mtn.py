@@ -70,7 +70,7 @@ from vpay.base.http_deadline import Deadline, new_session
 from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 
 from vpay.rails.http import MAX_ATTEMPTS, RETRY_BUDGET_SECONDS, RETRY_WAITS, NoAnswer, exchange, json_object, lifetime_seconds
-from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, seconds_setting, tuning_from_env
+from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, tuning_from_env
 
 from vpay.money.currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
 from vpay.rails.calls import rail_call

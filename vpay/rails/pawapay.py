@@ -49,7 +49,7 @@ from vpay.rails.calls import rail_call
 from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 from vpay.rails.http import NoAnswer, exchange, json_object
 from vpay.rails.port import (CallbackIds, ChargeRequest, MalformedCallback, RailError, RailStatus, RefundRequest, tuning_from_env,
-                             StatusKind, Submit, SubmitKind, http_url_problem, reported_currency, seconds_setting)
+                             StatusKind, Submit, SubmitKind, http_url_problem, reported_currency)
 
 log = logging.getLogger("vpay.rails.pawapay")
 
