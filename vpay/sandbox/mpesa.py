@@ -97,15 +97,10 @@ class _Handler(SandboxHandler):
     http_log = log
     log_label = "mpesa sandbox"
 
-    def _read_body(self) -> bytes | Answer:
-        try:
-            length = int(self.headers.get("Content-Length") or "0")
-        except ValueError:
-            length = -1
-        if not 0 <= length <= _MAX_BODY:
-            self.close_connection = True
-            return _error(400, "400.002.05", "Invalid Request Payload")
-        return self.rfile.read(length) if length else b""
+    max_body = _MAX_BODY
+
+    def bad_length(self) -> Answer:
+        return _error(400, "400.002.05", "Invalid Request Payload")
 
     def internal_error(self) -> Answer:
         return _error(500, "500.000.000", "Internal Server Error")

@@ -94,15 +94,10 @@ class _Handler(SandboxHandler):
     http_log = log
     log_label = "pawapay sandbox"
 
-    def _read_body(self) -> bytes | Answer:
-        try:
-            length = int(self.headers.get("Content-Length") or "0")
-        except ValueError:
-            length = -1
-        if not 0 <= length <= _MAX_BODY:
-            self.close_connection = True
-            return _failure(400, "INVALID_INPUT", "Content-Length missing, invalid or too large")
-        return self.rfile.read(length) if length else b""
+    max_body = _MAX_BODY
+
+    def bad_length(self) -> Answer:
+        return _failure(400, "INVALID_INPUT", "Content-Length missing, invalid or too large")
 
     def internal_error(self) -> Answer:
         return _failure(500, "UNKNOWN_ERROR", "Internal error")

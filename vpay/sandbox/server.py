@@ -125,7 +125,24 @@ class SandboxHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
+    max_body = 1 << 20
+    """Bytes of a request body the sandbox reads at most."""
+
     def _read_body(self) -> bytes | Answer:
+        """The request body, or ``bad_length()`` (and the connection closed)
+        when its Content-Length is not a number from 0 to ``max_body``. A
+        request without one has an empty body."""
+        try:
+            length = int(self.headers.get("Content-Length") or "0")
+        except ValueError:
+            length = -1
+        if not 0 <= length <= self.max_body:
+            self.close_connection = True
+            return self.bad_length()
+        return self.rfile.read(length) if length else b""
+
+    def bad_length(self) -> Answer:
+        """The rail's own answer to a missing, invalid or oversized body length."""
         raise NotImplementedError
 
     def internal_error(self) -> Answer:

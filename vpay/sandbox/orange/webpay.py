@@ -58,16 +58,10 @@ class _Handler(SandboxHandler):
     http_log = log
     log_label = "orange sandbox"
 
-    def _read_body(self) -> bytes | Answer:
-        raw = self.headers.get("Content-Length") or "0"
-        try:
-            length = int(raw)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= _MAX_BODY:
-            self.close_connection = True
-            return _error(400, "Bad request", "Content-Length missing, invalid or too large")
-        return self.rfile.read(length) if length else b""
+    max_body = _MAX_BODY
+
+    def bad_length(self) -> Answer:
+        return _error(400, "Bad request", "Content-Length missing, invalid or too large")
 
     def internal_error(self) -> Answer:
         return _error(500, "Internal error")
