@@ -171,3 +171,204 @@ UPDATE statement_lines SET outcome = %(outcome)s, detail = %(detail)s
 SELECT outcome, currency, count(*) AS n, sum(amount) AS amount
   FROM statement_lines WHERE statement_id = %(id)s
  GROUP BY outcome, currency;
+
+-- ---- the import's working tables (vpay/statements/matcher.py) -------------------
+-- A statement's lines are spooled into temporary tables of the importing
+-- session as they are read (COPY), then grouped and judged from there in
+-- bounded chunks: the importer's memory does not grow with the file.
+-- Temporary tables are never WAL-logged and vanish with the session.
+
+-- name: statement_work_drop
+DROP TABLE IF EXISTS pg_temp.statement_spool, pg_temp.statement_found, pg_temp.statement_unknown,
+                     pg_temp.statement_judged;
+
+-- name: statement_spool_create
+-- One row per line as read (lines.Line); ref_key / tx_key: lines.canonical.
+CREATE TEMP TABLE statement_spool (
+    line_no integer NOT NULL, kind text, reference text, rail_transaction_id text, ref_key text,
+    tx_key text, msisdn text, amount_text text, amount bigint, currency text, status_text text,
+    status text, line_time timestamptz, reason text, error text
+);
+
+-- name: statement_found_create
+CREATE TEMP TABLE statement_found (line_no integer PRIMARY KEY, kind text NOT NULL, id text NOT NULL);
+
+-- name: statement_unknown_create
+CREATE TEMP TABLE statement_unknown (line_no integer PRIMARY KEY, ref_key text, tx_key text,
+                                     label integer NOT NULL);
+
+-- name: statement_judged_create
+-- One row per judged line: statement_lines' columns, and the alert it raises.
+CREATE TEMP TABLE statement_judged (
+    line_no integer NOT NULL, kind text, reference text, rail_transaction_id text, msisdn text,
+    amount_text text, amount bigint, currency text, status_text text, line_time timestamptz,
+    outcome text NOT NULL, charge_id text, refund_id text, detail text, settle_to text, reason text,
+    alert_kind text, alert_charge_id text, alert_refund_id text, alert_details jsonb
+);
+
+-- name: statement_spool_analyze
+-- Temporary tables are never analyzed by autovacuum: without statistics the
+-- joins below are planned for a handful of rows.
+ANALYZE pg_temp.statement_spool;
+
+-- name: statement_spool_largest_gap
+-- The largest gap between consecutive readable line times (ordered by time,
+-- then line), and its place k (1-based: k lines lie before it); ties: the
+-- latest (matcher.statement_period).
+WITH t AS (SELECT line_time, row_number() OVER w AS k, lead(line_time) OVER w - line_time AS gap
+             FROM pg_temp.statement_spool WHERE error IS NULL
+           WINDOW w AS (ORDER BY line_time, line_no))
+SELECT gap, k FROM t WHERE gap IS NOT NULL ORDER BY gap DESC, k DESC LIMIT 1;
+
+-- name: statement_spool_time_at
+-- The readable line at place k of the time order (as above).
+SELECT line_time, line_no FROM pg_temp.statement_spool WHERE error IS NULL
+ ORDER BY line_time, line_no OFFSET %(k)s - 1 LIMIT 1;
+
+-- name: statement_spool_any_within
+-- Does a declared or given period hold any readable line's time?
+SELECT EXISTS (SELECT 1 FROM pg_temp.statement_spool
+                WHERE error IS NULL AND line_time BETWEEN %(start)s AND %(end)s);
+
+-- name: statement_resolve
+-- The charge or refund each line names, as matcher._find did per line: a
+-- line's own kind first (no kind: a charge first), by its reference (the
+-- reference we sent, our own id, the first N hex digits of the reference on
+-- the rails in matcher.PREFIX_REFERENCES) before the rail's transaction id.
+-- prio: 2 for the other kind, +1 for the transaction id; the lowest wins.
+-- Set-wise (hash joins): one pass over the lines, not one query per chunk.
+INSERT INTO pg_temp.statement_found (line_no, kind, id)
+SELECT DISTINCT ON (line_no) line_no, kind, id FROM (
+    SELECT s.line_no, 'charge' AS kind, c.id, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END AS prio
+      FROM pg_temp.statement_spool s JOIN charges c ON c.rail = %(rail)s AND c.rail_reference = s.reference
+    UNION ALL
+    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END
+      FROM pg_temp.statement_spool s JOIN charges c ON c.rail = %(rail)s AND c.rail_reference = s.ref_key
+     WHERE s.ref_key <> s.reference
+    UNION ALL
+    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END
+      FROM pg_temp.statement_spool s JOIN charges c ON c.rail = %(rail)s AND c.id = s.ref_key
+    UNION ALL
+    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END
+      FROM pg_temp.statement_spool s JOIN charges c
+        ON c.rail = %(rail)s AND lower(left(replace(c.rail_reference, '-', ''), %(prefix)s)) = s.ref_key
+     WHERE %(prefix)s > 0
+    UNION ALL
+    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 3 ELSE 1 END
+      FROM pg_temp.statement_spool s JOIN charges c
+        ON c.rail = %(rail)s AND c.rail_transaction_id = s.rail_transaction_id
+    UNION ALL
+    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 3 ELSE 1 END
+      FROM pg_temp.statement_spool s JOIN charges c ON c.rail = %(rail)s AND c.rail_transaction_id = s.tx_key
+     WHERE s.tx_key <> s.rail_transaction_id
+    UNION ALL
+    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 0 ELSE 2 END
+      FROM pg_temp.statement_spool s JOIN refunds r ON r.rail = %(rail)s AND r.rail_reference = s.reference
+    UNION ALL
+    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 0 ELSE 2 END
+      FROM pg_temp.statement_spool s JOIN refunds r ON r.rail = %(rail)s AND r.rail_reference = s.ref_key
+     WHERE s.ref_key <> s.reference
+    UNION ALL
+    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 0 ELSE 2 END
+      FROM pg_temp.statement_spool s JOIN refunds r ON r.rail = %(rail)s AND r.id = s.ref_key
+    UNION ALL
+    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 1 ELSE 3 END
+      FROM pg_temp.statement_spool s JOIN refunds r
+        ON r.rail = %(rail)s AND r.rail_transaction_id = s.rail_transaction_id
+    UNION ALL
+    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 1 ELSE 3 END
+      FROM pg_temp.statement_spool s JOIN refunds r ON r.rail = %(rail)s AND r.rail_transaction_id = s.tx_key
+     WHERE s.tx_key <> s.rail_transaction_id
+) m
+ORDER BY line_no, prio, id;
+
+-- name: statement_unknown_fill
+-- Readable lines naming nothing of ours: grouped by the identifiers they
+-- share (below), each its own group to begin with.
+INSERT INTO pg_temp.statement_unknown (line_no, ref_key, tx_key, label)
+SELECT s.line_no, s.ref_key, s.tx_key, s.line_no FROM pg_temp.statement_spool s
+ WHERE s.error IS NULL AND NOT EXISTS (SELECT 1 FROM pg_temp.statement_found f WHERE f.line_no = s.line_no);
+
+-- name: statement_unknown_step
+-- One step of connected components: a line takes the lowest label of the
+-- lines sharing its reference or its transaction id (two namespaces, as
+-- the rail writes them). Repeated until nothing changes, every line of a
+-- group carries the group's first line number.
+UPDATE pg_temp.statement_unknown u SET label = m.label
+  FROM (SELECT line_no,
+               least(label,
+                     CASE WHEN ref_key IS NOT NULL THEN min(label) OVER (PARTITION BY ref_key) END,
+                     CASE WHEN tx_key IS NOT NULL THEN min(label) OVER (PARTITION BY tx_key) END) AS label
+          FROM pg_temp.statement_unknown) m
+ WHERE m.line_no = u.line_no AND m.label < u.label;
+
+-- name: statement_spool_groups
+-- Every line with what it names, one group after another (a charge or
+-- refund of ours; a group of unknown lines; an unreadable unknown line
+-- alone), each group in file order.
+SELECT s.line_no, s.kind, s.reference, s.rail_transaction_id, s.msisdn, s.amount_text, s.amount,
+       s.currency, s.status_text, s.status, s.line_time, s.reason, s.error,
+       f.kind AS subject_kind, coalesce(c.id, r.id) AS subject_id, r.charge_id AS subject_charge_id,
+       coalesce(c.rail_reference, r.rail_reference) AS subject_reference,
+       coalesce(c.rail_transaction_id, r.rail_transaction_id) AS subject_transaction_id,
+       coalesce(c.amount, r.amount) AS subject_amount, coalesce(c.currency, r.currency) AS subject_currency,
+       coalesce(c.status, r.status) AS subject_status,
+       coalesce(c.failure_code, r.failure_code) AS subject_failure_code,
+       CASE WHEN f.line_no IS NOT NULL THEN 0 WHEN u.line_no IS NOT NULL THEN 1 ELSE 2 END AS grp_kind,
+       coalesce(f.kind || ':' || f.id, u.label::text, s.line_no::text) AS grp
+  FROM pg_temp.statement_spool s
+  LEFT JOIN pg_temp.statement_found f ON f.line_no = s.line_no
+  LEFT JOIN charges c ON f.kind = 'charge' AND c.id = f.id
+  LEFT JOIN refunds r ON f.kind = 'refund' AND r.id = f.id
+  LEFT JOIN pg_temp.statement_unknown u ON u.line_no = s.line_no
+ ORDER BY grp_kind, grp, s.line_no;
+
+-- name: statement_judged_summary
+SELECT outcome, currency, count(*) AS n, sum(amount) AS amount
+  FROM pg_temp.statement_judged GROUP BY outcome, currency;
+
+-- name: statement_judged_exceptions
+SELECT line_no, outcome, kind, reference, rail_transaction_id, msisdn, amount, amount_text, currency,
+       status_text, line_time, charge_id, refund_id, detail
+  FROM pg_temp.statement_judged
+ WHERE outcome IN ('contradiction', 'unknown_rail_transaction', 'error')
+ ORDER BY line_no;
+
+-- name: statement_judged_to_settle
+SELECT count(*) FROM pg_temp.statement_judged WHERE outcome = 'would_settle';
+
+-- name: statement_lines_from_judged
+-- The record (importer step 1): the judged lines become the statement's.
+INSERT INTO statement_lines (statement_id, line_no, kind, reference, rail_transaction_id, msisdn, amount_text,
+                             amount, currency, status_text, line_time, outcome, charge_id, refund_id, detail,
+                             settle_to, reason)
+SELECT %(id)s, line_no, kind, reference, rail_transaction_id, msisdn, amount_text, amount, currency,
+       status_text, line_time, outcome, charge_id, refund_id, detail, settle_to, reason
+  FROM pg_temp.statement_judged ORDER BY line_no;
+
+-- name: statement_alerts_from_judged
+-- The lines' alerts, in file order, each raised once
+-- (alerts_one_per_statement_finding); answers those this call wrote.
+INSERT INTO alerts (kind, charge_id, refund_id, details)
+SELECT alert_kind, alert_charge_id, alert_refund_id,
+       alert_details || jsonb_build_object('statement_id', %(id)s::text)
+  FROM pg_temp.statement_judged WHERE alert_kind IS NOT NULL ORDER BY line_no
+ON CONFLICT DO NOTHING
+RETURNING kind, charge_id, refund_id, details ->> 'finding';
+
+-- name: charge_successes_absent
+-- charge_successes_in_period, less the charges the statement's lines name.
+SELECT id, rail_reference, rail_transaction_id, amount, currency, created_at
+  FROM charges c
+ WHERE rail = %(rail)s AND status = 'succeeded'
+   AND created_at >= %(start)s AND created_at <= %(end)s
+   AND NOT EXISTS (SELECT 1 FROM pg_temp.statement_found f WHERE f.kind = 'charge' AND f.id = c.id)
+ ORDER BY created_at, id;
+
+-- name: refund_successes_absent
+SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, created_at
+  FROM refunds r
+ WHERE rail = %(rail)s AND status = 'succeeded'
+   AND created_at >= %(start)s AND created_at <= %(end)s
+   AND NOT EXISTS (SELECT 1 FROM pg_temp.statement_found f WHERE f.kind = 'refund' AND f.id = r.id)
+ ORDER BY created_at, id;

@@ -41,8 +41,8 @@ from vpay.money.ids import new_id
 from vpay.base.logs import committed
 from vpay.base.queries import Q
 from vpay.statements import report as reports
-from vpay.statements.lines import Line, typed
-from vpay.statements.matcher import LAG_SECONDS, Judgement, Plan, plan
+from vpay.statements.lines import typed
+from vpay.statements.matcher import LAG_SECONDS, Plan, drop, plan
 from vpay.statements.profiles import Profile, resolve
 from vpay.statements.reader import RawStatement, read
 
@@ -78,28 +78,40 @@ def run(conn: psycopg.Connection, raw: RawStatement | bytes, *, rail: str, profi
     found = _earlier(conn, rail, raw.sha256)
     if found and found["completed"]:
         return found["report"]
-    lines: list[Line] = list(typed(raw, profile, columns))
-    meta = {"rail": rail, "file": file_name, "sha256": raw.sha256, "profile": profile.name,
-            "columns": columns, "lines": len(lines)}
-    judged = plan(conn, rail, lines, has_type="type" in columns, lag_seconds=lag_seconds, period=period)
-    if not apply:
-        result = _report(meta, judged, statement=None, applied=False)
-        if found:
-            result["interrupted"] = found["id"]
-        return result
-    if not conn.execute(Q["statement_import_lock"], {"rail": rail}).fetchone()[0]:
-        raise Busy(f"another statements import --apply for rail {rail} is running: "
-                   "nothing done; run this one again when it has finished")
     try:
-        found = _earlier(conn, rail, raw.sha256)  # finished or begun while we waited
-        if found and found["completed"]:
-            return found["report"]
-        statement_id = found["id"] if found else _record(conn, meta, judged)
-        left = _settle_batches(conn, statement_id)
-        return _complete(conn, statement_id, left)
+        # the lines are spooled to the session's temporary tables as they are read and judged there
+        judged = plan(conn, rail, typed(raw, profile, columns), has_type="type" in columns,
+                      lag_seconds=lag_seconds, period=period)
+        meta = {"rail": rail, "file": file_name, "sha256": raw.sha256, "profile": profile.name,
+                "columns": columns, "lines": judged.lines}
+        if not apply:
+            result = _report(conn, meta, judged, statement=None, applied=False)
+            if found:
+                result["interrupted"] = found["id"]
+            return result
+        if not conn.execute(Q["statement_import_lock"], {"rail": rail}).fetchone()[0]:
+            raise Busy(f"another statements import --apply for rail {rail} is running: "
+                       "nothing done; run this one again when it has finished")
+        try:
+            found = _earlier(conn, rail, raw.sha256)  # finished or begun while we waited
+            if found and found["completed"]:
+                return found["report"]
+            statement_id = found["id"] if found else _record(conn, meta, judged)
+            _drop(conn)  # recorded: the batches read statement_lines
+            left = _settle_batches(conn, statement_id)
+            return _complete(conn, statement_id, left)
+        finally:
+            if not conn.closed and not conn.broken:
+                conn.execute(Q["statement_import_unlock"], {"rail": rail})
     finally:
-        if not conn.closed and not conn.broken:
-            conn.execute(Q["statement_import_unlock"], {"rail": rail})
+        _drop(conn)
+
+
+def _drop(conn: psycopg.Connection) -> None:
+    """The working tables go as soon as they are done with (a pooled
+    connection would keep them): only on a usable, idle connection."""
+    if not conn.closed and not conn.broken and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        drop(conn)
 
 
 def run_audited(conn: psycopg.Connection, data: Any, *, actor: str | None = None, via: str = "cli",
@@ -123,7 +135,7 @@ def run_audited(conn: psycopg.Connection, data: Any, *, actor: str | None = None
 
 def _record(conn: psycopg.Connection, meta: dict[str, Any], judged: Plan) -> str:
     statement_id = new_id("st")
-    preview = _report(meta, judged, statement=statement_id, applied=True)
+    preview = _report(conn, meta, judged, statement=statement_id, applied=True)
     findings: list[tuple[str, str | None, str | None, str | None]] = []
     with committed(conn):
         conn.execute(Q["insert_statement"], {
@@ -132,12 +144,8 @@ def _record(conn: psycopg.Connection, meta: dict[str, Any], judged: Plan) -> str
             "period_start": judged.period_start, "period_end": judged.period_end,
             "period_source": judged.period_source, "line_count": meta["lines"],
             "report": Jsonb(_stored(preview))})
-        _copy_lines(conn, statement_id, judged.judgements)
-        for j in judged.judgements:
-            if j.alert:
-                kind, details = j.alert
-                _alert(conn, findings, kind, j.refund_charge_id or j.charge_id, j.refund_id,
-                       {**details, "statement_id": statement_id})
+        conn.execute(Q["statement_lines_from_judged"], {"id": statement_id})
+        findings += conn.execute(Q["statement_alerts_from_judged"], {"id": statement_id}).fetchall()
         for entry in judged.missing:
             _alert(conn, findings, "missing_from_statement", entry.get("charge_id"), entry.get("refund_id"), {
                 "finding": "missing", "statement_id": statement_id, "rail_reference": entry["rail_reference"],
@@ -149,7 +157,7 @@ def _record(conn: psycopg.Connection, meta: dict[str, Any], judged: Plan) -> str
                                               "finding": finding, "statement_id": statement_id})
     log.info("statement recorded", extra={"statement_id": statement_id, "rail": meta["rail"],
                                           "lines": meta["lines"], "sha256": meta["sha256"],
-                                          "to_settle": sum(1 for j in judged.judgements if j.settle)})
+                                          "to_settle": preview["summary"].get("would_settle", {}).get("count", 0)})
     return statement_id
 
 
@@ -158,20 +166,6 @@ def _alert(conn, findings: list, kind: str, charge_id: str | None, refund_id: st
     if conn.execute(Q["insert_statement_alert"], {"kind": kind, "charge_id": charge_id, "refund_id": refund_id,
                                                   "details": Jsonb(details)}).fetchone():
         findings.append((kind, charge_id, refund_id, details.get("finding")))
-
-
-_LINE_COLUMNS = ("statement_id", "line_no", "kind", "reference", "rail_transaction_id", "msisdn",
-                 "amount_text", "amount", "currency", "status_text", "line_time", "outcome", "charge_id",
-                 "refund_id", "detail", "settle_to", "reason")
-
-
-def _copy_lines(conn: psycopg.Connection, statement_id: str, judgements: list[Judgement]) -> None:
-    with conn.cursor() as cur, cur.copy(f"COPY statement_lines ({', '.join(_LINE_COLUMNS)}) FROM STDIN") as copy:
-        for j in judgements:
-            l = j.line
-            copy.write_row((statement_id, l.line_no, l.kind or _kind(j), l.reference, l.rail_transaction_id,
-                            l.msisdn, l.amount_text, l.amount, l.currency, l.status_text, l.time, j.outcome,
-                            j.charge_id, j.refund_id, j.detail, j.settle, l.reason))
 
 
 # ---- step 2: the batches -----------------------------------------------------------
@@ -297,17 +291,13 @@ def _summary(conn: psycopg.Connection, statement_id: str, absent: list[dict[str,
             for o in reports.OUTCOMES if o in counts}
 
 
-def _kind(j: Judgement) -> str | None:
-    return "refund" if j.refund_id else "charge" if j.charge_id else None
-
-
-def _row(j: Judgement) -> dict[str, Any]:
-    l = j.line
-    return {"line_no": l.line_no, "outcome": j.outcome, "kind": l.kind or _kind(j), "reference": l.reference,
-            "rail_transaction_id": l.rail_transaction_id, "msisdn": l.msisdn, "amount": l.amount,
-            "amount_text": l.amount_text, "currency": l.currency, "status": l.status_text,
-            "time": l.time.isoformat() if l.time else None, "charge_id": j.charge_id,
-            "refund_id": j.refund_id, "detail": j.detail}
+def _exception_row(r: dict[str, Any]) -> dict[str, Any]:
+    """A judged line (``statement_judged``/``statement_lines``) as a report row."""
+    return {"line_no": r["line_no"], "outcome": r["outcome"], "kind": r["kind"], "reference": r["reference"],
+            "rail_transaction_id": r["rail_transaction_id"], "msisdn": r["msisdn"], "amount": r["amount"],
+            "amount_text": r["amount_text"], "currency": r["currency"], "status": r["status_text"],
+            "time": _iso(r["line_time"]), "charge_id": r["charge_id"], "refund_id": r["refund_id"],
+            "detail": r["detail"]}
 
 
 def _absent_row(entry: dict[str, Any], outcome: str) -> dict[str, Any]:
@@ -322,24 +312,24 @@ def _absent_row(entry: dict[str, Any], outcome: str) -> dict[str, Any]:
                       "absent, but within the statement's lag of its end: the next statement should list it"}
 
 
-def _report(meta: dict[str, Any], judged: Plan, *, statement: str | None, applied: bool) -> dict[str, Any]:
-    """The report of a judged statement, built without a dict per line
-    (only the exceptions become rows)."""
+def _report(conn: psycopg.Connection, meta: dict[str, Any], judged: Plan, *, statement: str | None,
+            applied: bool) -> dict[str, Any]:
+    """The report of a judged statement, from ``statement_judged``: the
+    counts in SQL, only the exceptions become rows."""
     counts: dict[str, dict[str, Any]] = {}
 
-    def count(outcome: str, amount: int | None, currency: str | None) -> None:
+    def count(outcome: str, n: int, amount: int | None, currency: str | None) -> None:
         entry = counts.setdefault(outcome, {"count": 0, "amounts": {}})
-        entry["count"] += 1
+        entry["count"] += n
         if amount is not None and currency:
-            entry["amounts"][currency] = entry["amounts"].get(currency, 0) + amount
-    exceptions = []
-    for j in judged.judgements:
-        count(j.outcome, j.line.amount, j.line.currency)
-        if j.outcome in reports.EXCEPTIONS:
-            exceptions.append(_row(j))
+            entry["amounts"][currency] = entry["amounts"].get(currency, 0) + int(amount)
+    for outcome, currency, n, amount in conn.execute(Q["statement_judged_summary"]):
+        count(outcome, n, amount, currency)
+    with conn.cursor(row_factory=dict_row) as cur:
+        exceptions = [_exception_row(r) for r in cur.execute(Q["statement_judged_exceptions"])]
     for outcome, entries in (("missing_from_statement", judged.missing), ("within_lag", judged.within_lag)):
         for e in entries:
-            count(outcome, e["amount"], e["currency"])
+            count(outcome, 1, e["amount"], e["currency"])
             if outcome in reports.EXCEPTIONS:
                 exceptions.append(_absent_row(e, outcome))
     summary = {o: {"count": counts[o]["count"], "amounts": dict(sorted(counts[o]["amounts"].items()))}
@@ -381,11 +371,7 @@ def show(conn: psycopg.Connection, statement_id: str) -> dict[str, Any] | None:
         if st is None:
             return None
         lines = cur.execute(Q["lines_of_statement"], {"id": statement_id, "exceptions_only": True}).fetchall()
-    rows = [{"line_no": l["line_no"], "outcome": l["outcome"], "kind": l["kind"], "reference": l["reference"],
-             "rail_transaction_id": l["rail_transaction_id"], "msisdn": l["msisdn"], "amount": l["amount"],
-             "amount_text": l["amount_text"], "currency": l["currency"], "status": l["status_text"],
-             "time": _iso(l["line_time"]), "charge_id": l["charge_id"], "refund_id": l["refund_id"],
-             "detail": l["detail"]} for l in lines]
+    rows = [_exception_row(l) for l in lines]
     stored = st["report"] or {}
     return {"statement": st["id"], "rail": st["rail"], "file": st["file_name"], "sha256": st["file_sha256"],
             "profile": st["profile"], "columns": st["columns"], "lines": st["line_count"],

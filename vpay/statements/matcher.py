@@ -49,6 +49,7 @@ from datetime import datetime, timedelta
 from typing import Any, Iterable
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from vpay.money.currency import minor_to_major_string
 from vpay.base.queries import Q
@@ -69,15 +70,11 @@ lines on one side of it, means those lines are strays (a mistyped year):
 the period they would stretch is refused with their line named."""
 STRAY_SHARE = 0.01
 
-LOOKUP_CHUNK = 20_000
-"""Lines whose charges and refunds are looked up in one query."""
+CHUNK_LINES = 5_000
+"""Lines fetched from the spool (and judged lines written back) at a time:
+with the spool, what bounds the importer's memory, whatever the file's size."""
 
 TERMINAL = ("succeeded", "failed")
-
-_CHARGE_COLS = ("id", "rail_reference", "rail_transaction_id", "amount", "currency", "status",
-                "failure_code", "created_at")
-_REFUND_COLS = ("id", "charge_id", "rail_reference", "rail_transaction_id", "amount", "currency", "status",
-                "failure_code", "created_at")
 
 
 class BadPeriod(BadFile):
@@ -103,14 +100,16 @@ class Judgement:
 
 @dataclass
 class Plan:
-    """The whole statement judged: one ``Judgement`` per line, in file
-    order; ``missing`` and ``within_lag``: our successes absent from it
-    (dicts with ``charge_id`` or ``refund_id``, ``rail_reference``,
-    ``amount``, ``currency``, ``created_at``); the period it covers and
-    where that came from (``given``, ``declared``, ``lines``); the kinds it
-    covers."""
+    """The whole statement judged. The judged lines are not held here: they
+    are the session's temporary table ``statement_judged`` (one row per line:
+    ``statement_lines``' columns and the alert it raises), until ``drop``.
+    ``missing`` and ``within_lag``: our successes absent from it (dicts with
+    ``charge_id`` or ``refund_id``, ``rail_reference``, ``amount``,
+    ``currency``, ``created_at``); the period it covers and where that came
+    from (``given``, ``declared``, ``lines``); the kinds it covers; ``lines``:
+    how many lines it has."""
 
-    judgements: list[Judgement]
+    lines: int
     period_start: datetime | None
     period_end: datetime | None
     kinds: frozenset[str]
@@ -119,58 +118,42 @@ class Plan:
     within_lag: list[dict[str, Any]] = field(default_factory=list)
 
 
-def plan(conn: psycopg.Connection, rail: str, lines: list[Line], *, has_type: bool,
+def plan(conn: psycopg.Connection, rail: str, lines: Iterable[Line], *, has_type: bool,
          lag_seconds: float = LAG_SECONDS,
          period: tuple[datetime, datetime] | None = None) -> Plan:
-    """Judge ``lines`` of a ``rail`` statement. ``has_type``: the file has a
-    type column (then it covers the kinds its lines name; otherwise it is a
-    collections statement). ``period``: the operator's (inclusive). Raises
-    ``BadPeriod``."""
-    start, end, source = statement_period(lines, period)
-    found = _resolve(conn, rail, lines)
-    judgements: list[Judgement | None] = [None] * len(lines)
-    named: set[str] = set()
-    groups: dict[Any, list[int]] = {}
-    unknown = _Unknowns()
-    for i, line in enumerate(lines):
-        hit = found[i]
-        if hit is not None:
-            named.add(hit[1]["id"])
-            groups.setdefault((hit[0], hit[1]["id"]), []).append(i)
-        elif line.error:
-            judgements[i] = Judgement(line, "error", detail=line.error)
-        else:
-            unknown.add(i, line)
-    for key, members in groups.items():
-        _judge_group(rail, lines, members, found, judgements)
-    for members in unknown.groups():
-        _judge_unknown(rail, lines, members, judgements)
-    kinds = (frozenset(l.kind for l in lines if l.kind) if has_type else frozenset({"charge"}))
-    result = Plan(judgements, start, end, kinds, source)  # type: ignore[arg-type]
+    """Judge ``lines`` (read lazily, once) of a ``rail`` statement.
+    ``has_type``: the file has a type column (then it covers the kinds its
+    lines name; otherwise it is a collections statement). ``period``: the
+    operator's (inclusive). Raises ``BadPeriod`` (and ``reader.BadFile``
+    from ``lines``); nothing is written but the session's temporary tables.
+
+    Memory stays bounded whatever the line count: the lines are spooled into
+    a temporary table as they are read (COPY), what each names is found by
+    one set-wise join, lines naming nothing of ours are grouped by connected
+    components in SQL, and the groups are judged ``CHUNK_LINES`` at a time,
+    their judgements copied into ``statement_judged``."""
+    drop(conn)
+    facts = _spool(conn, lines)
+    start, end, source = _period_of(conn, facts, period)
+    with conn.transaction():
+        conn.execute(Q["statement_found_create"])
+        conn.execute(Q["statement_unknown_create"])
+        conn.execute(Q["statement_judged_create"])
+        conn.execute(Q["statement_resolve"], {"rail": rail, "prefix": PREFIX_REFERENCES.get(rail, 0)})
+        conn.execute(Q["statement_unknown_fill"])
+        while conn.execute(Q["statement_unknown_step"]).rowcount:
+            pass
+        _judge_all(conn, rail)
+    kinds = frozenset(facts.kinds) if has_type else frozenset({"charge"})
+    result = Plan(facts.count, start, end, kinds, source)
     if start is not None:
-        _absent(conn, rail, result, named, lag_seconds)
+        _absent(conn, rail, result, lag_seconds)
     return result
 
 
-# ---- finding what a line names ---------------------------------------------
-
-
-def _resolve(conn: psycopg.Connection, rail: str, lines: list[Line]) -> list[tuple[str, dict] | None]:
-    """For each line, ``(kind, row)`` of the charge or refund of ours it
-    names, or ``None``; looked up ``LOOKUP_CHUNK`` lines at a time."""
-    out: list[tuple[str, dict] | None] = []
-    for at in range(0, len(lines), LOOKUP_CHUNK):
-        chunk = lines[at:at + LOOKUP_CHUNK]
-        refs = sorted({r for l in chunk if l.reference for r in (l.reference, canonical(l.reference))})
-        txids = sorted({t for l in chunk if l.rail_transaction_id
-                        for t in (l.rail_transaction_id, canonical(l.rail_transaction_id))})
-        charges = [dict(zip(_CHARGE_COLS, r)) for r in conn.execute(
-            Q["charges_for_statement"], {"rail": rail, "refs": refs, "txids": txids})]
-        refunds = [dict(zip(_REFUND_COLS, r)) for r in conn.execute(
-            Q["refunds_for_statement"], {"rail": rail, "refs": refs, "txids": txids})]
-        index = {"charge": _index(charges, prefix=PREFIX_REFERENCES.get(rail)), "refund": _index(refunds)}
-        out.extend(_find(l, index) for l in chunk)
-    return out
+def drop(conn: psycopg.Connection) -> None:
+    """Drop the session's working tables (``plan``'s), if any."""
+    conn.execute(Q["statement_work_drop"])
 
 
 PREFIX_REFERENCES = {"orange": 30, "mpesa": 12}
@@ -179,65 +162,132 @@ reference: Orange's ``order_id`` (30) and M-Pesa's ``AccountReference`` (12,
 Daraja's limit; ``vpay.rails.mpesa.account_reference``)."""
 
 
-def _index(rows: list[dict[str, Any]], prefix: int | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    by_ref: dict[str, dict[str, Any]] = {}
-    by_txid: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        by_ref[canonical(row["rail_reference"])] = row
-        by_ref[row["id"]] = row
-        if prefix:
-            by_ref[row["rail_reference"].replace("-", "").lower()[:prefix]] = row
-        if row["rail_transaction_id"]:
-            by_txid[canonical(row["rail_transaction_id"])] = row
-    return {"ref": by_ref, "txid": by_txid}
+# ---- the spool ------------------------------------------------------------------
 
 
-def _find(line: Line, index) -> tuple[str, dict[str, Any]] | None:
-    """The charge or refund a line names, by its reference (ours, or our id)
-    first, else by the rail's transaction id. A line whose type names the
-    other kind is found anyway (and judged an error by the group)."""
-    kinds = (line.kind, "refund" if line.kind == "charge" else "charge") if line.kind else ("charge", "refund")
-    for kind in kinds:
-        table = index[kind]
-        row = None
-        if line.reference:
-            row = table["ref"].get(canonical(line.reference))
-        if row is None and line.rail_transaction_id:  # a settled one, by the id the rail gave us
-            row = table["txid"].get(canonical(line.rail_transaction_id))
-        if row is not None:
-            return kind, row
-    return None
-
-
-class _Unknowns:
-    """Lines naming nothing of ours, grouped by the identifiers they share
-    (a line giving a reference and a transaction id joins the lines giving
-    either): a small union-find over canonical identifiers."""
+class _Facts:
+    """What the period needs of the readable lines, gathered as they pass:
+    their count, earliest and latest time, the finest unit their times carry
+    (``resolution``), the first two periods they declare; and the kinds the
+    lines name."""
 
     def __init__(self) -> None:
-        self.parent: dict[Any, Any] = {}
-        self.members: dict[int, Any] = {}
+        self.count = 0
+        self.readable = 0
+        self.first: datetime | None = None
+        self.last: datetime | None = None
+        self.micro = self.seconds = self.minutes = False
+        self.declared: dict[tuple, int] = {}
+        self.kinds: set[str] = set()
 
-    def _root(self, key):
-        while self.parent.setdefault(key, key) != key:
-            self.parent[key] = self.parent[self.parent[key]]
-            key = self.parent[key]
-        return key
+    def add(self, line: Line) -> None:
+        self.count += 1
+        if line.kind:
+            self.kinds.add(line.kind)
+        if line.error:
+            return
+        if line.period_start is not None or line.period_end is not None:
+            key = (line.period_start, line.period_end)
+            if key not in self.declared and len(self.declared) < 2:
+                self.declared[key] = line.line_no
+        t = line.time
+        if t is None:
+            return
+        self.readable += 1
+        self.first = t if self.first is None or t < self.first else self.first
+        self.last = t if self.last is None or t > self.last else self.last
+        self.micro = self.micro or t.microsecond != 0
+        self.seconds = self.seconds or t.second != 0
+        self.minutes = self.minutes or t.minute != 0 or t.hour != 0
 
-    def add(self, i: int, line: Line) -> None:
-        keys = [("ref", canonical(line.reference)) if line.reference else None,
-                ("tx", canonical(line.rail_transaction_id)) if line.rail_transaction_id else None]
-        keys = [k for k in keys if k]
-        roots = [self._root(k) for k in keys]
-        for r in roots[1:]:
-            self.parent[r] = roots[0]
-        self.members[i] = keys[0]
+    def unit(self) -> timedelta:
+        """``resolution`` of the readable lines' times."""
+        return (timedelta(microseconds=1) if self.micro else timedelta(seconds=1) if self.seconds
+                else timedelta(minutes=1) if self.minutes else timedelta(days=1))
 
-    def groups(self) -> Iterable[list[int]]:
-        out: dict[Any, list[int]] = {}
-        for i, key in self.members.items():
-            out.setdefault(self._root(key), []).append(i)
-        return out.values()
+
+_SPOOL_COLUMNS = ("line_no", "kind", "reference", "rail_transaction_id", "ref_key", "tx_key", "msisdn",
+                  "amount_text", "amount", "currency", "status_text", "status", "line_time", "reason", "error")
+
+
+def _spool(conn: psycopg.Connection, lines: Iterable[Line]) -> _Facts:
+    """COPY every line into ``statement_spool`` as it is read; a refusal
+    while reading (``BadFile``) rolls the spool back."""
+    facts = _Facts()
+    with conn.transaction():
+        conn.execute(Q["statement_spool_create"])
+        with conn.cursor() as cur, cur.copy(
+                f"COPY pg_temp.statement_spool ({', '.join(_SPOOL_COLUMNS)}) FROM STDIN") as copy:
+            for l in lines:
+                facts.add(l)
+                copy.write_row((l.line_no, l.kind, l.reference, l.rail_transaction_id, canonical(l.reference),
+                                canonical(l.rail_transaction_id), l.msisdn, l.amount_text, l.amount,
+                                l.currency, l.status_text, l.status, l.time, l.reason, l.error))
+        conn.execute(Q["statement_spool_analyze"])
+    return facts
+
+
+_ROW_COLS = ("id", "charge_id", "rail_reference", "rail_transaction_id", "amount", "currency", "status",
+             "failure_code")
+
+
+def _judge_all(conn: psycopg.Connection, rail: str) -> None:
+    """Judge the spooled lines group by group (``statement_spool_groups``),
+    ``CHUNK_LINES`` fetched at a time; the judgements are copied into
+    ``statement_judged`` chunk by chunk."""
+    out: list[Judgement] = []
+    group: list[Line] = []
+    key = subject = None
+    with conn.cursor(name="statement_groups") as cur:
+        cur.execute(Q["statement_spool_groups"])
+        while rows := cur.fetchmany(CHUNK_LINES):
+            for r in rows:
+                grp = (r[22], r[23])
+                if grp != key:
+                    if group:
+                        _judge_one(rail, group, subject, out)
+                    key, group = grp, []
+                    subject = (r[13], dict(zip(_ROW_COLS, r[14:22]))) if r[13] else None
+                    if r[22] == 2:
+                        subject = "error"
+                group.append(Line(r[0], kind=r[1], reference=r[2], rail_transaction_id=r[3], msisdn=r[4],
+                                  amount_text=r[5], amount=r[6], currency=r[7], status_text=r[8],
+                                  status=r[9], time=r[10], reason=r[11], error=r[12]))
+            if len(out) >= CHUNK_LINES:
+                _write_judged(conn, out)
+                out = []
+        if group:
+            _judge_one(rail, group, subject, out)
+    _write_judged(conn, out)
+
+
+def _judge_one(rail: str, group: list[Line], subject, out: list[Judgement]) -> None:
+    if subject == "error":  # an unreadable line naming nothing of ours
+        out.extend(Judgement(l, "error", detail=l.error) for l in group)
+    elif subject is None:
+        out.extend(_judge_unknown(rail, group))
+    else:
+        out.extend(_judge_group(group, *subject))
+
+
+_JUDGED_COLUMNS = ("line_no", "kind", "reference", "rail_transaction_id", "msisdn", "amount_text", "amount",
+                   "currency", "status_text", "line_time", "outcome", "charge_id", "refund_id", "detail",
+                   "settle_to", "reason", "alert_kind", "alert_charge_id", "alert_refund_id", "alert_details")
+
+
+def _write_judged(conn: psycopg.Connection, judgements: list[Judgement]) -> None:
+    if not judgements:
+        return
+    with conn.cursor() as cur, cur.copy(
+            f"COPY pg_temp.statement_judged ({', '.join(_JUDGED_COLUMNS)}) FROM STDIN") as copy:
+        for j in judgements:
+            l = j.line
+            kind = l.kind or ("refund" if j.refund_id else "charge" if j.charge_id else None)
+            alert = (j.alert[0], j.refund_charge_id or j.charge_id, j.refund_id, Jsonb(j.alert[1])) \
+                if j.alert else (None, None, None, None)
+            copy.write_row((l.line_no, kind, l.reference, l.rail_transaction_id, l.msisdn, l.amount_text,
+                            l.amount, l.currency, l.status_text, l.time, j.outcome, j.charge_id, j.refund_id,
+                            j.detail, j.settle, l.reason, *alert))
 
 
 # ---- judging a group ---------------------------------------------------------
@@ -252,71 +302,69 @@ def _words(line: Line) -> str:
     return " ".join(x for x in (line.status_text, line.amount_text, line.currency) if x)
 
 
-def _judge_group(rail: str, lines: list[Line], members: list[int], found, judgements) -> None:
-    kind, row = found[members[0]][0], found[members[0]][1]
-    for i in members:
-        if lines[i].error:
-            j = judgements[i] = Judgement(lines[i], "error", detail=lines[i].error)
+def _judge_group(lines: list[Line], kind: str, row: dict[str, Any]) -> list[Judgement]:
+    """The lines naming our charge (refund) ``row``, in file order."""
+    out: list[Judgement] = []
+    readable = [l for l in lines if not l.error]
+    terminal = [l for l in readable if l.status in TERMINAL]
+    claims = {_claim(l) for l in terminal}
+    primary = terminal[0] if terminal else readable[0] if readable else None
+    for line in lines:
+        if line.error:
+            j = Judgement(line, "error", detail=line.error)
             _name(j, kind, row)
-    readable = [i for i in members if not lines[i].error]
-    if not readable:
-        return
-    terminal = [i for i in readable if lines[i].status in TERMINAL]
-    claims = {_claim(lines[i]) for i in terminal}
-    if len(claims) > 1:
-        numbers = ", ".join(str(lines[i].line_no) for i in terminal)
-        said = " / ".join(dict.fromkeys(_words(lines[i]) for i in terminal))
-        detail = f"lines {numbers} disagree about our {kind} {row['id']}: {said}; nothing settled"
-        for n, i in enumerate(readable):
-            j = judgements[i] = Judgement(lines[i], "contradiction", detail=detail)
+        elif len(claims) > 1:
+            numbers = ", ".join(str(l.line_no) for l in terminal)
+            said = " / ".join(dict.fromkeys(_words(l) for l in terminal))
+            j = Judgement(line, "contradiction",
+                          detail=f"lines {numbers} disagree about our {kind} {row['id']}: {said}; nothing settled")
             _name(j, kind, row)
-            if n == 0:
+            if line is readable[0]:
                 j.alert = ("rail_contradiction", {
                     "finding": "statement_disagrees", "where": "statement", "ours": row["status"],
-                    "rail_says": "statement_disagrees", "lines": [lines[k].line_no for k in terminal],
-                    "rail_statuses": sorted({lines[k].status_text or "" for k in terminal}),
-                    "rail_amounts": sorted({lines[k].amount_text or "" for k in terminal}),
+                    "rail_says": "statement_disagrees", "lines": [l.line_no for l in terminal],
+                    "rail_statuses": sorted({l.status_text or "" for l in terminal}),
+                    "rail_amounts": sorted({l.amount_text or "" for l in terminal}),
                     **({"refund_id": row["id"]} if kind == "refund" else {})})
-        return
-    primary = terminal[0] if terminal else readable[0]
-    for i in readable:
-        line = lines[i]
-        if i == primary:
-            judgements[i] = _judge(line, kind, row)
+        elif line is primary:
+            j = _judge(line, kind, row)
         elif line.status in TERMINAL:
-            judgements[i] = Judgement(line, "error", detail=f"repeats line {lines[primary].line_no} "
-                                                            f"(our {kind} {row['id']}): counted once")
-            _name(judgements[i], kind, row)
+            j = Judgement(line, "error", detail=f"repeats line {primary.line_no} "
+                                                 f"(our {kind} {row['id']}): counted once")
+            _name(j, kind, row)
         else:
-            judgements[i] = Judgement(line, "still_pending",
-                                      detail=f"the rail says {line.status_text} here and "
-                                             f"{lines[primary].status_text} on line {lines[primary].line_no}")
-            _name(judgements[i], kind, row)
+            j = Judgement(line, "still_pending", detail=f"the rail says {line.status_text} here and "
+                                                        f"{primary.status_text} on line {primary.line_no}")
+            _name(j, kind, row)
+        out.append(j)
+    return out
 
 
-def _judge_unknown(rail: str, lines: list[Line], members: list[int], judgements) -> None:
-    terminal = [i for i in members if lines[i].status in TERMINAL]
-    claims = {_claim(lines[i]) for i in terminal}
-    first = terminal[0] if terminal else members[0]
-    line = lines[first]
+def _judge_unknown(rail: str, lines: list[Line]) -> list[Judgement]:
+    """Readable lines naming nothing of ours that share identifiers, in file order."""
+    terminal = [l for l in lines if l.status in TERMINAL]
+    claims = {_claim(l) for l in terminal}
+    first = terminal[0] if terminal else lines[0]
     # the canonical identity: what a re-export in another case names too
-    key = canonical(line.rail_transaction_id) or canonical(line.reference)
-    for i in members:
-        l = lines[i]
-        if len(claims) <= 1 and i != first and l.status in TERMINAL:
-            judgements[i] = Judgement(l, "error", detail=f"repeats line {line.line_no} (names nothing of ours): "
-                                                         "counted once")
+    key = canonical(first.rail_transaction_id) or canonical(first.reference)
+    out: list[Judgement] = []
+    for l in lines:
+        if len(claims) <= 1 and l is not first and l.status in TERMINAL:
+            out.append(Judgement(l, "error", detail=f"repeats line {first.line_no} (names nothing of ours): "
+                                                    "counted once"))
             continue
         detail = "names no charge or refund of ours"
         if len(claims) > 1:
-            detail += f"; lines {', '.join(str(lines[k].line_no) for k in terminal)} disagree about it"
-        judgements[i] = Judgement(l, "unknown_rail_transaction", detail=detail)
-    if any(lines[i].status == "succeeded" for i in terminal):
-        success = next(lines[i] for i in terminal if lines[i].status == "succeeded")
-        judgements[first].alert = ("unknown_rail_transaction", {
-            "finding": f"unknown:{rail}:{key}", "reference": success.reference,
-            "rail_transaction_id": success.rail_transaction_id, "msisdn": success.msisdn,
-            "amount": success.amount, "currency": success.currency, "time": success.time.isoformat()})
+            detail += f"; lines {', '.join(str(k.line_no) for k in terminal)} disagree about it"
+        j = Judgement(l, "unknown_rail_transaction", detail=detail)
+        out.append(j)
+        if l is first and any(k.status == "succeeded" for k in terminal):
+            success = next(k for k in terminal if k.status == "succeeded")
+            j.alert = ("unknown_rail_transaction", {
+                "finding": f"unknown:{rail}:{key}", "reference": success.reference,
+                "rail_transaction_id": success.rail_transaction_id, "msisdn": success.msisdn,
+                "amount": success.amount, "currency": success.currency, "time": success.time.isoformat()})
+    return out
 
 
 def _judge(line: Line, kind: str, row: dict[str, Any]) -> Judgement:
@@ -393,21 +441,19 @@ def resolution(times: list[datetime]) -> timedelta:
     return timedelta(microseconds=1)
 
 
-def statement_period(lines: list[Line], given: tuple[datetime, datetime] | None = None
-                     ) -> tuple[datetime | None, datetime | None, str | None]:
+def _period_of(conn: psycopg.Connection, facts: _Facts, given: tuple[datetime, datetime] | None
+               ) -> tuple[datetime | None, datetime | None, str | None]:
     """``(start, end, source)``, both inclusive: ``given`` (the operator's;
     source ``given``), else the period the readable lines declare (period
     columns; ``declared``), else the readable lines' earliest time to the end
     of the latest one's unit (``lines``; ``resolution``). Raises
     ``BadPeriod`` (one line) for lines declaring different periods, a
     period longer than ``MAX_PERIOD``, a declared one holding none of the
-    lines, or stray lines (``STRAY_GAP``) that would stretch it."""
-    readable = [l for l in lines if not l.error]
-    times = sorted((l.time, l.line_no) for l in readable if l.time is not None)
+    lines, or stray lines (``STRAY_GAP``) that would stretch it. The lines
+    are the spool's (``_spool``); ``facts`` what was gathered reading them."""
     source = "given"
     if given is None:
-        declared = {(l.period_start, l.period_end): l.line_no for l in readable
-                    if l.period_start is not None or l.period_end is not None}
+        declared = facts.declared
         if len(declared) > 1:
             (a, la), (b, lb) = list(declared.items())[:2]
             raise BadPeriod(f"lines {la} and {lb} declare different periods "
@@ -424,35 +470,43 @@ def statement_period(lines: list[Line], given: tuple[datetime, datetime] | None 
         if end - start > MAX_PERIOD:
             raise BadPeriod(f"the {source} period {_span(start, end)} is longer than {MAX_PERIOD.days} days "
                             "(MAX_PERIOD): split the statement by period")
-        if times and not any(start <= t <= end for t, _ in times):
+        if facts.readable and not _any_time_within(conn, start, end):
             raise BadPeriod(f"the {source} period {_span(start, end)} holds none of the file's line times "
-                            f"({_span(times[0][0], times[-1][0])})")
+                            f"({_span(facts.first, facts.last)})")
         return start, end, source
-    if not times:
+    if not facts.readable:
         return None, None, None
-    _refuse_strays(times)
-    start = times[0][0]
-    end = times[-1][0] + resolution([t for t, _ in times]) - timedelta(microseconds=1)
+    _refuse_strays(conn, facts.readable)
+    start = facts.first
+    end = facts.last + facts.unit() - timedelta(microseconds=1)
     if end - start > MAX_PERIOD:
         raise BadPeriod(f"the lines span {_span(start, end)}, longer than {MAX_PERIOD.days} days (MAX_PERIOD): "
                         "split the statement by period, or pass --period-start/--period-end")
     return start, end, "lines"
 
 
-def _refuse_strays(times: list[tuple[datetime, int]]) -> None:
-    if len(times) < 2:
+def _any_time_within(conn: psycopg.Connection, start: datetime, end: datetime) -> bool:
+    return conn.execute(Q["statement_spool_any_within"], {"start": start, "end": end}).fetchone()[0]
+
+
+def _refuse_strays(conn: psycopg.Connection, n: int) -> None:
+    """Refuse a period a few stray lines would stretch: the largest gap
+    between consecutive readable line times (in SQL, over the spool) is
+    longer than ``STRAY_GAP`` with at most ``STRAY_SHARE`` of the lines on
+    one side of it."""
+    if n < 2:
         return
-    gap, at = max((times[k + 1][0] - times[k][0], k) for k in range(len(times) - 1))
+    gap, below = conn.execute(Q["statement_spool_largest_gap"]).fetchone()
     if gap <= STRAY_GAP:
         return
-    below, above = at + 1, len(times) - at - 1
-    allowed = max(1, int(len(times) * STRAY_SHARE))
+    above = n - below
+    allowed = max(1, int(n * STRAY_SHARE))
     if min(below, above) > allowed:
         return
-    strays = times[:below] if below <= above else times[below:]
-    first = strays[0]
-    more = f" and {len(strays) - 1} more" if len(strays) > 1 else ""
-    raise BadPeriod(f"line {first[1]}'s time {first[0].isoformat()}{more} lies {gap.days} days from the "
+    first_at, count = (1, below) if below <= above else (below + 1, above)
+    at, line_no = conn.execute(Q["statement_spool_time_at"], {"k": first_at}).fetchone()
+    more = f" and {count - 1} more" if count > 1 else ""
+    raise BadPeriod(f"line {line_no}'s time {at.isoformat()}{more} lies {gap.days} days from the "
                     f"other lines: it would stretch the statement's period; fix the line or pass "
                     f"--period-start/--period-end")
 
@@ -461,15 +515,16 @@ def _span(start: datetime | None, end: datetime | None) -> str:
     return f"{start.isoformat() if start else '-'} .. {end.isoformat() if end else '-'}"
 
 
-def _absent(conn: psycopg.Connection, rail: str, result: Plan, named: set[str], lag_seconds: float) -> None:
+def _absent(conn: psycopg.Connection, rail: str, result: Plan, lag_seconds: float) -> None:
+    """Our successes inside the period that no line names (``statement_found``)."""
     start, end = result.period_start, result.period_end
     cutoff = end - timedelta(seconds=lag_seconds)
-    for kind, query, cols in (("charge", "charge_successes_in_period", ("id", "rail_reference",
-                                                                         "rail_transaction_id", "amount",
-                                                                         "currency", "created_at")),
-                              ("refund", "refund_successes_in_period", ("id", "charge_id", "rail_reference",
-                                                                         "rail_transaction_id", "amount",
-                                                                         "currency", "created_at"))):
+    for kind, query, cols in (("charge", "charge_successes_absent", ("id", "rail_reference",
+                                                                      "rail_transaction_id", "amount",
+                                                                      "currency", "created_at")),
+                              ("refund", "refund_successes_absent", ("id", "charge_id", "rail_reference",
+                                                                      "rail_transaction_id", "amount",
+                                                                      "currency", "created_at"))):
         if kind not in result.kinds:
             continue
         # a server-side cursor: a month of successes is streamed, not held
@@ -478,8 +533,6 @@ def _absent(conn: psycopg.Connection, rail: str, result: Plan, named: set[str], 
             cur.execute(Q[query], {"rail": rail, "start": start, "end": end})
             for values in cur:
                 row = dict(zip(cols, values))
-                if row["id"] in named:
-                    continue
                 entry = {f"{kind}_id": row["id"], "rail_reference": row["rail_reference"],
                          "amount": row["amount"], "currency": row["currency"],
                          "created_at": row["created_at"]}
