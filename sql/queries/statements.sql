@@ -191,7 +191,11 @@ CREATE TEMP TABLE statement_spool (
 );
 
 -- name: statement_found_create
-CREATE TEMP TABLE statement_found (line_no integer PRIMARY KEY, kind text NOT NULL, id text NOT NULL);
+-- The charge or refund each line names, with what the line is compared to
+-- (read once: the snapshot the set-wise judgement uses). No index: every
+-- join on it is a hash join over all of it.
+CREATE TEMP TABLE statement_found (line_no integer NOT NULL, kind text NOT NULL, id text NOT NULL,
+                                   status text, amount bigint, currency text);
 
 -- name: statement_unknown_create
 CREATE TEMP TABLE statement_unknown (line_no integer PRIMARY KEY, ref_key text, tx_key text,
@@ -210,6 +214,9 @@ CREATE TEMP TABLE statement_judged (
 -- Temporary tables are never analyzed by autovacuum: without statistics the
 -- joins below are planned for a handful of rows.
 ANALYZE pg_temp.statement_spool;
+
+-- name: statement_found_analyze
+ANALYZE pg_temp.statement_found;
 
 -- name: statement_spool_largest_gap
 -- The largest gap between consecutive readable line times (ordered by time,
@@ -237,50 +244,79 @@ SELECT EXISTS (SELECT 1 FROM pg_temp.statement_spool
 -- the rails in matcher.PREFIX_REFERENCES) before the rail's transaction id.
 -- prio: 2 for the other kind, +1 for the transaction id; the lowest wins.
 -- Set-wise (hash joins): one pass over the lines, not one query per chunk.
-INSERT INTO pg_temp.statement_found (line_no, kind, id)
-SELECT DISTINCT ON (line_no) line_no, kind, id FROM (
-    SELECT s.line_no, 'charge' AS kind, c.id, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END AS prio
+INSERT INTO pg_temp.statement_found (line_no, kind, id, status, amount, currency)
+SELECT DISTINCT ON (line_no) line_no, kind, id, status, amount, currency FROM (
+    SELECT s.line_no, 'charge' AS kind, c.id, c.status, c.amount, c.currency,
+           CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END AS prio
       FROM pg_temp.statement_spool s JOIN charges c ON c.rail = %(rail)s AND c.rail_reference = s.reference
     UNION ALL
-    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END
+    SELECT s.line_no, 'charge', c.id, c.status, c.amount, c.currency, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END
       FROM pg_temp.statement_spool s JOIN charges c ON c.rail = %(rail)s AND c.rail_reference = s.ref_key
      WHERE s.ref_key <> s.reference
     UNION ALL
-    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END
+    SELECT s.line_no, 'charge', c.id, c.status, c.amount, c.currency, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END
       FROM pg_temp.statement_spool s JOIN charges c ON c.rail = %(rail)s AND c.id = s.ref_key
+     WHERE left(s.ref_key, 3) = 'ch_'
     UNION ALL
-    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END
+    SELECT s.line_no, 'charge', c.id, c.status, c.amount, c.currency, CASE WHEN s.kind = 'refund' THEN 2 ELSE 0 END
       FROM pg_temp.statement_spool s JOIN charges c
         ON c.rail = %(rail)s AND lower(left(replace(c.rail_reference, '-', ''), %(prefix)s)) = s.ref_key
      WHERE %(prefix)s > 0
     UNION ALL
-    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 3 ELSE 1 END
+    SELECT s.line_no, 'charge', c.id, c.status, c.amount, c.currency, CASE WHEN s.kind = 'refund' THEN 3 ELSE 1 END
       FROM pg_temp.statement_spool s JOIN charges c
         ON c.rail = %(rail)s AND c.rail_transaction_id = s.rail_transaction_id
     UNION ALL
-    SELECT s.line_no, 'charge', c.id, CASE WHEN s.kind = 'refund' THEN 3 ELSE 1 END
+    SELECT s.line_no, 'charge', c.id, c.status, c.amount, c.currency, CASE WHEN s.kind = 'refund' THEN 3 ELSE 1 END
       FROM pg_temp.statement_spool s JOIN charges c ON c.rail = %(rail)s AND c.rail_transaction_id = s.tx_key
      WHERE s.tx_key <> s.rail_transaction_id
     UNION ALL
-    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 0 ELSE 2 END
+    SELECT s.line_no, 'refund', r.id, r.status, r.amount, r.currency, CASE WHEN s.kind = 'refund' THEN 0 ELSE 2 END
       FROM pg_temp.statement_spool s JOIN refunds r ON r.rail = %(rail)s AND r.rail_reference = s.reference
     UNION ALL
-    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 0 ELSE 2 END
+    SELECT s.line_no, 'refund', r.id, r.status, r.amount, r.currency, CASE WHEN s.kind = 'refund' THEN 0 ELSE 2 END
       FROM pg_temp.statement_spool s JOIN refunds r ON r.rail = %(rail)s AND r.rail_reference = s.ref_key
      WHERE s.ref_key <> s.reference
     UNION ALL
-    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 0 ELSE 2 END
+    SELECT s.line_no, 'refund', r.id, r.status, r.amount, r.currency, CASE WHEN s.kind = 'refund' THEN 0 ELSE 2 END
       FROM pg_temp.statement_spool s JOIN refunds r ON r.rail = %(rail)s AND r.id = s.ref_key
+     WHERE left(s.ref_key, 3) = 're_'
     UNION ALL
-    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 1 ELSE 3 END
+    SELECT s.line_no, 'refund', r.id, r.status, r.amount, r.currency, CASE WHEN s.kind = 'refund' THEN 1 ELSE 3 END
       FROM pg_temp.statement_spool s JOIN refunds r
         ON r.rail = %(rail)s AND r.rail_transaction_id = s.rail_transaction_id
     UNION ALL
-    SELECT s.line_no, 'refund', r.id, CASE WHEN s.kind = 'refund' THEN 1 ELSE 3 END
+    SELECT s.line_no, 'refund', r.id, r.status, r.amount, r.currency, CASE WHEN s.kind = 'refund' THEN 1 ELSE 3 END
       FROM pg_temp.statement_spool s JOIN refunds r ON r.rail = %(rail)s AND r.rail_transaction_id = s.tx_key
      WHERE s.tx_key <> s.rail_transaction_id
 ) m
 ORDER BY line_no, prio, id;
+
+-- name: statement_judge_matched
+-- The common line judged set-wise: the only line naming a charge (refund)
+-- of ours that is settled the same way, with the same amount and currency,
+-- is ``matched`` (matcher._judge's first rule; a failure without an amount,
+-- and every other case, are judged in Python). Most of a statement's lines
+-- never travel back to the importer.
+INSERT INTO pg_temp.statement_judged (line_no, kind, reference, rail_transaction_id, msisdn, amount_text, amount,
+                                      currency, status_text, line_time, outcome, charge_id, refund_id, detail,
+                                      reason)
+SELECT s.line_no, f.kind, s.reference, s.rail_transaction_id, s.msisdn, s.amount_text, s.amount, s.currency,
+       s.status_text, s.line_time, 'matched', CASE WHEN f.kind = 'charge' THEN f.id END,
+       CASE WHEN f.kind = 'refund' THEN f.id END, f.status, s.reason
+  FROM pg_temp.statement_found f
+  JOIN pg_temp.statement_spool s ON s.line_no = f.line_no
+ WHERE s.error IS NULL AND (s.kind IS NULL OR s.kind = f.kind)
+   AND s.status IN ('succeeded', 'failed') AND s.status = f.status
+   AND s.currency = f.currency AND s.amount = f.amount
+   AND NOT EXISTS (SELECT 1 FROM pg_temp.statement_found o
+                    WHERE o.kind = f.kind AND o.id = f.id AND o.line_no <> f.line_no);
+
+-- name: statement_work_settings
+-- The import's queries sort and hash whole statements: in memory rather
+-- than in temporary files (the server's memory, for this transaction only);
+-- no JIT compilation for queries run once.
+SELECT set_config('work_mem', '64MB', true), set_config('jit', 'off', true);
 
 -- name: statement_unknown_fill
 -- Readable lines naming nothing of ours: grouped by the identifiers they
@@ -303,7 +339,7 @@ UPDATE pg_temp.statement_unknown u SET label = m.label
  WHERE m.line_no = u.line_no AND m.label < u.label;
 
 -- name: statement_spool_groups
--- Every line with what it names, one group after another (a charge or
+-- Every line not judged yet (statement_judge_matched) with what it names, one group after another (a charge or
 -- refund of ours; a group of unknown lines; an unreadable unknown line
 -- alone), each group in file order.
 SELECT s.line_no, s.kind, s.reference, s.rail_transaction_id, s.msisdn, s.amount_text, s.amount,
@@ -321,6 +357,7 @@ SELECT s.line_no, s.kind, s.reference, s.rail_transaction_id, s.msisdn, s.amount
   LEFT JOIN charges c ON f.kind = 'charge' AND c.id = f.id
   LEFT JOIN refunds r ON f.kind = 'refund' AND r.id = f.id
   LEFT JOIN pg_temp.statement_unknown u ON u.line_no = s.line_no
+ WHERE NOT EXISTS (SELECT 1 FROM pg_temp.statement_judged j WHERE j.line_no = s.line_no)
  ORDER BY grp_kind, grp, s.line_no;
 
 -- name: statement_judged_summary

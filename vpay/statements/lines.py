@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from decimal import Decimal, InvalidOperation
 from typing import Iterator
 
 from vpay.money.currency import exponent
@@ -52,7 +51,7 @@ MAX_OFFSET = timedelta(hours=14)
 MAX_FIELD_CHARS = 1000
 """A field longer than this is an error for its line (no rail writes one)."""
 
-_AMOUNT = re.compile(r"-?[0-9]{1,20}(\.[0-9]{1,20})?")
+_AMOUNT = re.compile(r"(-?)([0-9]{1,20})(?:\.([0-9]{1,20}))?")
 _CURRENCY = re.compile(r"[A-Z]{3}")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _HEX = re.compile(r"[0-9a-fA-F]{30,32}")
@@ -65,7 +64,8 @@ def canonical(identifier: str | None) -> str | None:
     ids are base62, rail transaction ids are the rail's) as written."""
     if identifier is None:
         return None
-    if _UUID.fullmatch(identifier) or _HEX.fullmatch(identifier):
+    size = len(identifier)  # a UUID is 36 characters, a hex id 30-32: most ids are neither
+    if (size == 36 and _UUID.fullmatch(identifier)) or (30 <= size <= 32 and _HEX.fullmatch(identifier)):
         return identifier.lower()
     return identifier
 
@@ -102,16 +102,20 @@ class Line:
 def parse_amount(text: str, currency: str) -> int | None:
     """``text`` (major units) as an int of minor units, or ``None`` when it
     is not a plain decimal, has more decimals than ``currency`` allows, or is
-    larger than ``money.MAX_AMOUNT`` minor units."""
-    if not _AMOUNT.fullmatch(text):
+    larger than ``money.MAX_AMOUNT`` minor units. Exact integer arithmetic
+    on the digits (a ``Decimal`` product would round past 28 digits)."""
+    match = _AMOUNT.fullmatch(text)
+    if match is None:
         return None
-    try:
-        scaled = Decimal(text) * (10 ** exponent(currency))
-    except (InvalidOperation, ArithmeticError):
+    sign, whole, frac = match.groups()
+    exp = exponent(currency)
+    frac = frac or ""
+    if frac[exp:].strip("0"):  # 10.500 EUR is 10.50; 10.505 is not an amount in EUR
         return None
-    if scaled != scaled.to_integral_value() or abs(scaled) > MAX_AMOUNT:
+    minor = int(whole) * 10 ** exp + int(frac[:exp].ljust(exp, "0") or "0")
+    if minor > MAX_AMOUNT:
         return None
-    return int(scaled)
+    return -minor if sign else minor
 
 
 def parse_time(text: str, now: datetime | None = None, utc_offset_hours: int = 0) -> datetime | None:
@@ -171,15 +175,20 @@ def typed(raw: RawStatement, profile: Profile, columns: dict[str, str],
 def _line(line_no: int, fields: list[str], index: dict[str, int], profile: Profile, now: datetime) -> Line:
     bad: list[str] = []
 
-    def get(key: str) -> str | None:
-        value = fields[index[key]].strip() if key in index else ""
-        if "\x00" in value:
-            bad.append(f"{key} holds a NUL byte")
-            value = clean(value)
-        if len(value) > MAX_FIELD_CHARS:
-            bad.append(f"{key} is longer than {MAX_FIELD_CHARS} characters")
-            value = value[:MAX_FIELD_CHARS] + "…"
-        return value or None
+    if max(map(len, fields)) <= MAX_FIELD_CHARS and "\x00" not in "".join(fields):
+        def get(key: str) -> str | None:  # the common line: every field fits and holds no NUL
+            at = index.get(key)
+            return (fields[at].strip() or None) if at is not None else None
+    else:
+        def get(key: str) -> str | None:
+            value = fields[index[key]].strip() if key in index else ""
+            if "\x00" in value:
+                bad.append(f"{key} holds a NUL byte")
+                value = clean(value)
+            if len(value) > MAX_FIELD_CHARS:
+                bad.append(f"{key} is longer than {MAX_FIELD_CHARS} characters")
+                value = value[:MAX_FIELD_CHARS] + "…"
+            return value or None
 
     line = Line(line_no, reference=get("reference"), rail_transaction_id=get("rail_transaction_id"),
                 msisdn=get("msisdn"), amount_text=get("amount"), reason=get("reason"))

@@ -129,17 +129,22 @@ def plan(conn: psycopg.Connection, rail: str, lines: Iterable[Line], *, has_type
 
     Memory stays bounded whatever the line count: the lines are spooled into
     a temporary table as they are read (COPY), what each names is found by
-    one set-wise join, lines naming nothing of ours are grouped by connected
-    components in SQL, and the groups are judged ``CHUNK_LINES`` at a time,
-    their judgements copied into ``statement_judged``."""
+    one set-wise join, the common line (the only one naming a charge settled
+    as it says) is judged ``matched`` in SQL, lines naming nothing of ours
+    are grouped by connected components in SQL, and the other groups are
+    judged here ``CHUNK_LINES`` lines at a time, their judgements copied into
+    ``statement_judged``."""
     drop(conn)
     facts = _spool(conn, lines)
-    start, end, source = _period_of(conn, facts, period)
     with conn.transaction():
+        conn.execute(Q["statement_work_settings"])
+        start, end, source = _period_of(conn, facts, period)
         conn.execute(Q["statement_found_create"])
         conn.execute(Q["statement_unknown_create"])
         conn.execute(Q["statement_judged_create"])
         conn.execute(Q["statement_resolve"], {"rail": rail, "prefix": PREFIX_REFERENCES.get(rail, 0)})
+        conn.execute(Q["statement_found_analyze"])
+        conn.execute(Q["statement_judge_matched"])
         conn.execute(Q["statement_unknown_fill"])
         while conn.execute(Q["statement_unknown_step"]).rowcount:
             pass
