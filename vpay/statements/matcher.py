@@ -481,7 +481,8 @@ def _period_of(conn: psycopg.Connection, facts: _Facts, given: tuple[datetime, d
         return start, end, source
     if not facts.readable:
         return None, None, None
-    _refuse_strays(conn, facts.readable)
+    if facts.last - facts.first > STRAY_GAP:  # else no gap between two lines can be longer
+        _refuse_strays(conn, facts.readable)
     start = facts.first
     end = facts.last + facts.unit() - timedelta(microseconds=1)
     if end - start > MAX_PERIOD:
@@ -501,7 +502,8 @@ def _refuse_strays(conn: psycopg.Connection, n: int) -> None:
     one side of it."""
     if n < 2:
         return
-    gap, below = conn.execute(Q["statement_spool_largest_gap"]).fetchone()
+    gap, below = conn.execute(Q["statement_spool_largest_gap"]).fetchone() or (timedelta(0), 0)
+    below = int(below)
     if gap <= STRAY_GAP:
         return
     above = n - below
