@@ -104,8 +104,132 @@ def _timed(url: str, *args: str) -> tuple[float, float, str]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--with-worker"]:
+        _with_worker(int(sys.argv[2]) if len(sys.argv) > 2 else 6000)
+        return
     for n in [int(a) for a in sys.argv[1:]] or [50_000]:
         _run(n)
+
+
+CLAIMS = """
+CREATE TABLE bench_claims (merchant text, claimed_at timestamptz, lateness float8);
+CREATE FUNCTION bench_keep_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.kind = 'poll' AND NEW.locked_at IS NOT NULL AND OLD.locked_at IS NULL THEN
+    INSERT INTO bench_claims
+    SELECT i.merchant_id, NEW.locked_at, extract(epoch FROM NEW.locked_at - OLD.run_at)
+      FROM charges c JOIN payment_intents i ON i.id = c.payment_intent_id
+     WHERE c.id = NEW.payload ->> 'charge_id';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER bench_keep_claim AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION bench_keep_claim();
+"""
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))] if ordered else float("nan")
+
+
+def _with_worker(settles: int, calm_rate: float = 4.0, before_seconds: float = 10.0) -> None:
+    """Issue 26, input 5: a real ``vpay-worker`` (2 claim loops) polls the
+    sandbox MoMo rail (real HTTP, in this process) while ``statements import
+    --apply`` settles ``settles`` charges of merchant ``m_big``, whose polls
+    are all due at once when the import starts (the worker and the batches
+    race for them). Merchant ``m_calm`` makes ``calm_rate`` payments a
+    second throughout; its polls' lateness (claimed minus due, from a
+    trigger on ``jobs``) is reported for ``before_seconds`` without an
+    import, and while the import runs."""
+    import threading
+
+    from vpay.base import db as vdb
+    from vpay.money import payments
+    from vpay.money.merchants import create_merchant
+    from vpay.rails.mtn import MtnMomo
+    from vpay.sandbox.mtn.rail import SandboxRail
+
+    url = fresh(benchdb.server(), "vpay_bench_statements_worker", CLAIMS)
+    with SandboxRail(success_after_seconds=0.2) as rail, psycopg.connect(url, autocommit=True) as conn, \
+            tempfile.TemporaryDirectory() as tmp:
+        rail_env = {"VPAY_MTN_BASE_URL": rail.url, "VPAY_MTN_SUBSCRIPTION_KEY": rail.subscription_key,
+                    "VPAY_MTN_API_USER": rail.api_user, "VPAY_MTN_API_KEY": rail.api_key,
+                    "VPAY_MTN_TARGET_ENVIRONMENT": rail.target_environment}
+        adapter = MtnMomo.from_env(rail_env)
+        pool = vdb.make_pool(url, max_size=8)
+        for m in ("m_big", "m_calm"):
+            create_merchant(conn, m, m)
+
+        def pay(merchant: str, payer: str) -> dict:
+            return payments.create_and_submit(pool, lambda code: adapter, merchant_id=merchant, amount=2500,
+                                              currency="EUR", rail="mtn", payer=payer)["charge"]
+        from concurrent.futures import ThreadPoolExecutor
+        started = time.perf_counter()
+        with ThreadPoolExecutor(8) as ex:
+            big = list(ex.map(lambda i: pay("m_big", f"2567701{i:05d}"), range(settles)))
+        conn.execute("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE dedupe_key = ANY(%s)",
+                     ([f"poll:{c['id']}" for c in big],))
+        print(f"{settles} charges of m_big made through the sandbox in {time.perf_counter() - started:.1f} s")
+        path = Path(tmp) / "big.csv"
+        at = conn.execute("SELECT to_char(now() AT TIME ZONE 'UTC' - interval '5 minutes', "
+                          "'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')").fetchone()[0]
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f, lineterminator="\r\n")
+            writer.writerow(["reference", "rail_transaction_id", "amount", "currency", "status", "time"])
+            writer.writerows([c["rail_reference"], "", "25.00", "EUR", "SUCCESSFUL", at] for c in big)
+        exe = Path(sys.executable).with_name
+        from vpay.base.secretbox import new_key
+        env = {"VPAY_SECRET_KEYS": new_key(), **os.environ, "VPAY_DATABASE_URL": url, "VPAY_LOG_LEVEL": "WARNING",
+               **rail_env}
+        worker_log = open(Path(tmp) / "worker.log", "wb")
+        worker = subprocess.Popen([str(exe("vpay-worker")), "--worker-concurrency", "2"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=worker_log)
+        time.sleep(2)
+        if worker.poll() is not None:
+            raise SystemExit(f"vpay-worker exited: {(Path(tmp) / 'worker.log').read_text()}")
+        stop = threading.Event()
+
+        def calm() -> None:
+            i = 0
+            with psycopg.connect(url, autocommit=True) as own:
+                while not stop.wait(1 / calm_rate):
+                    charge = pay("m_calm", f"2567702{i:05d}")
+                    # due at once (not at the ladder's first rung): every payment is a measured poll
+                    own.execute("UPDATE jobs SET run_at = now() WHERE dedupe_key = %s", (f"poll:{charge['id']}",))
+                    i += 1
+        thread = threading.Thread(target=calm, daemon=True)
+        thread.start()
+        try:
+            time.sleep(before_seconds)
+            t0 = conn.execute("SELECT now()").fetchone()[0]
+            conn.execute("UPDATE jobs SET run_at = now() WHERE dedupe_key = ANY(%s)",
+                         ([f"poll:{c['id']}" for c in big],))
+            elapsed, rss, out = _timed(url, str(path), "--rail", "mtn", "--apply")
+            t1 = conn.execute("SELECT now()").fetchone()[0]
+            time.sleep(3)  # the polls due just before the end are claimed
+        finally:
+            stop.set()
+            thread.join(10)
+            worker.terminate()
+            worker.wait(30)
+            worker_log.close()
+            pool.close()
+        print(f"--apply of {settles} lines: {elapsed:.2f} s, peak RSS {rss:.0f} MB")
+        print("\n".join(out.splitlines()[2:6]))
+        for label, (a, b) in (("before (no import)", (None, t0)), ("during the --apply", (t0, t1))):
+            late = [r[0] for r in conn.execute(
+                "SELECT lateness FROM bench_claims WHERE merchant = 'm_calm' AND (%s::timestamptz IS NULL "
+                "OR claimed_at >= %s) AND claimed_at < %s", (a, a, b))]
+            print(f"m_calm poll lateness {label:<20}: n {len(late):4}  p50 {_pct(late, 50):.3f} s  "
+                  f"p99 {_pct(late, 99):.3f} s  max {max(late, default=float('nan')):.3f} s")
+        big_late = [r[0] for r in conn.execute(
+            "SELECT lateness FROM bench_claims WHERE merchant = 'm_big' AND claimed_at >= %s", (t0,))]
+        settled = conn.execute("SELECT count(*) FROM settlement_evidence").fetchone()[0]
+        events = conn.execute("SELECT count(*), count(DISTINCT payment_intent_id) FROM events "
+                              "WHERE type = 'payment_intent.succeeded'").fetchone()
+        print(f"m_big: {settled} settled by the statement, {settles - settled} by their polls "
+              f"({len(big_late)} polls claimed during the import); succeeded events {events[0]} "
+              f"for {events[1]} intents")
 
 
 def _run(n: int) -> None:

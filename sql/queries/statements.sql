@@ -22,56 +22,6 @@ VALUES (%(id)s, %(rail)s, %(sha256)s, %(file_name)s, %(profile)s, %(columns)s, %
         %(period_end)s, %(period_source)s, %(line_count)s, %(report)s)
 RETURNING id, imported_at;
 
--- name: charges_for_statement
--- Our charges a statement's lines may name: by rail_reference (what we sent),
--- by Orange's order_id (the first 30 hex digits of it), by M-Pesa's
--- AccountReference (the first 12), by our own charge id (MoMo's externalId),
--- or by the rail's transaction id. One branch per
--- identifier, each an index scan (an OR of four ANYs over 20,000 values was
--- planned as a scan comparing every row with every value: seconds a chunk).
-SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM charges WHERE rail = %(rail)s AND rail_reference = ANY(%(refs)s)
-UNION
-SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM charges WHERE rail = %(rail)s AND left(replace(rail_reference, '-', ''), 30) = ANY(%(refs)s)
-UNION
-SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM charges WHERE rail = 'mpesa' AND %(rail)s = 'mpesa'
-                 AND left(replace(rail_reference, '-', ''), 12) = ANY(%(refs)s)
-UNION
-SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM charges WHERE rail = %(rail)s AND id = ANY(%(refs)s)
-UNION
-SELECT id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM charges WHERE rail = %(rail)s AND rail_transaction_id = ANY(%(txids)s);
-
--- name: refunds_for_statement
-SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM refunds WHERE rail = %(rail)s AND rail_reference = ANY(%(refs)s)
-UNION
-SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM refunds WHERE rail = %(rail)s AND id = ANY(%(refs)s)
-UNION
-SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, status, failure_code, created_at
-  FROM refunds WHERE rail = %(rail)s AND rail_transaction_id = ANY(%(txids)s);
-
--- name: charge_successes_in_period
--- The successes of ours a statement covering [start, end] must list. Our
--- created_at precedes the rail's time for the same transaction, so a charge
--- created inside the period is inside it at the rail too.
-SELECT id, rail_reference, rail_transaction_id, amount, currency, created_at
-  FROM charges
- WHERE rail = %(rail)s AND status = 'succeeded'
-   AND created_at >= %(start)s AND created_at <= %(end)s
- ORDER BY created_at, id;
-
--- name: refund_successes_in_period
-SELECT id, charge_id, rail_reference, rail_transaction_id, amount, currency, created_at
-  FROM refunds
- WHERE rail = %(rail)s AND status = 'succeeded'
-   AND created_at >= %(start)s AND created_at <= %(end)s
- ORDER BY created_at, id;
-
 -- name: insert_statement_alert
 -- One alert per finding (alerts_one_per_statement_finding; a contradiction
 -- also meets alerts_one_open_contradiction): an overlapping statement adds
@@ -395,7 +345,10 @@ ON CONFLICT DO NOTHING
 RETURNING kind, charge_id, refund_id, details ->> 'finding';
 
 -- name: charge_successes_absent
--- charge_successes_in_period, less the charges the statement's lines name.
+-- The successes of ours a statement covering [start, end] must list, less
+-- the charges its lines name. Our created_at precedes the rail's time for the
+-- same transaction, so a charge created inside the period is inside it at
+-- the rail too.
 SELECT id, rail_reference, rail_transaction_id, amount, currency, created_at
   FROM charges c
  WHERE rail = %(rail)s AND status = 'succeeded'
