@@ -12,6 +12,13 @@ of payments across the sandbox's behaviours, shows live progress, and prints
 a table. It exits 0 only if every charge ended as the sandbox scripted it,
 every event reached the receiver with a valid signature, and the worker
 drained cleanly.
+
+With ``console_bind`` (``--console``) it also runs the operator console
+(``vpay-server console``) on that address from the start, creates an admin
+operator with a one-time password and prints the login; after the report
+the console stays up on the demo's database until SIGINT (Ctrl-C) or
+SIGTERM, which end the demo with the run's exit code. ``quick``
+(``--quick``) runs a handful of payments (``QUICK``) instead of the batch.
 """
 
 from __future__ import annotations
@@ -98,6 +105,28 @@ SCENARIOS: tuple[Scenario, ...] = (
              script={"rtp_errors": [500]}),
     *NEW_RAIL_SCENARIOS,
 )
+
+
+QUICK: tuple[Scenario, ...] = (SCENARIOS[0], SCENARIOS[1], SCENARIOS[8], NEW_RAIL_SCENARIOS[0],
+                                NEW_RAIL_SCENARIOS[5])
+"""``--quick``: two MoMo approvals, a decline, M-Pesa and pawaPay approving:
+a look at every rail (and at the console) in seconds, not the whole batch."""
+
+DEMO_OPERATOR = "demo@example.com"
+"""The console's operator the demo creates (role admin), a new one-time
+password each run: the demo's database is made again each run."""
+
+
+class _Stopped(Exception):
+    """SIGTERM (or SIGINT) asked the demo to end: children are stopped in order."""
+
+
+def _stop_on_signals() -> dict:
+    """SIGTERM and SIGINT raise ``_Stopped`` in the main thread (so every
+    ``finally`` runs and the children end); answers the old handlers."""
+    def stop(signum, frame):
+        raise _Stopped(signal.Signals(signum).name)
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
 def _database(server_url: str, name: str = DEMO_DB, *, owned_server: bool = False,
@@ -208,12 +237,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> bool:
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30.0, path: str = "/healthz") -> bool:
     import requests
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if requests.get(f"{url}{path}", timeout=1).status_code == 200:
                 return True
         except requests.RequestException:
             pass
@@ -226,11 +255,15 @@ def _counts(conn, ids: list[str]) -> dict[str, int]:
     return dict(rows)
 
 
-def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, reset: bool = False) -> int:
+def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, reset: bool = False,
+        console_bind: str | None = None, quick: bool = False) -> int:
     """Run the demo; answers the process exit code (0 = every charge as
     scripted). Raises ``DemoRefused`` (before starting anything) when
     ``database`` exists on ``VPAY_DATABASE_URL``'s server, was not made by
-    the demo, and ``reset`` is not given."""
+    the demo, and ``reset`` is not given. ``console_bind`` (HOST:PORT, a
+    loopback address: the cookie goes without TLS): the console runs there
+    and stays up after the report until SIGINT/SIGTERM. ``quick``: the
+    ``QUICK`` scenarios only."""
     from vpay.base.db import database_url, make_pool
     from vpay.money.merchants import create_merchant
     from vpay.money.payments import create_and_submit
@@ -256,9 +289,10 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
     worker_log = data_dir / "demo-worker.log"
     api_log = data_dir / "demo-api.log"
 
+    scenarios = QUICK if quick else SCENARIOS
     rail = SandboxRail(success_after_seconds=3.0).start()
     doubles = {"mtn": rail, "mpesa": MpesaSandbox().start(), "pawapay": PawaPaySandbox().start()}
-    for s in SCENARIOS:
+    for s in scenarios:
         if s.script and s.rail == "mtn":
             rail.script(s.payer, **s.script)
         elif s.script:
@@ -279,8 +313,13 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
 
     pool = make_pool(url, max_size=3)
     receiver = Receiver().start()
-    worker = api = None
+    worker = api = console = None
+    old_handlers = _stop_on_signals()
     try:
+        if console_bind is not None:
+            console = _start_console(say, pool, env, console_bind, data_dir / "demo-console.log")
+            if console is None:
+                return 1
         with open(api_log, "wb") as log_file:
             api = subprocess.Popen(_console("vpay-server") + ["api", "--bind", api_url[len("http://"):]],
                                    env=env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -298,7 +337,7 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
         adapters = {"mtn": MtnMomo.from_env(rail_env), "mpesa": MpesaDaraja.from_env(rail_env),
                     "pawapay": PawaPay.from_env(rail_env)}
         batch: list[tuple[Scenario, dict[str, Any]]] = []
-        for i, s in enumerate(SCENARIOS):
+        for i, s in enumerate(scenarios):
             currency, base, step = RAIL_MONEY[s.rail]
             created = create_and_submit(pool, adapters.__getitem__, merchant_id="demo",
                                         amount=base + step * i, currency=currency, rail=s.rail,
@@ -338,9 +377,17 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
 
         worker.send_signal(signal.SIGTERM)
         worker_rc = worker.wait(60)
-        return _report(say, pool, doubles, receiver, batch, worker_rc, time.monotonic() - started)
+        code = _report(say, pool, doubles, receiver, batch, worker_rc, time.monotonic() - started)
+        if console is not None:
+            _keep_console_up(say, console, console_bind)
+        return code
+    except _Stopped as stopped:  # after the report, _keep_console_up swallows it
+        say(f"stopped by {stopped} before the run ended")
+        return 1
     finally:
-        for proc in (worker, api):
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        for proc in (worker, api, console):
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
@@ -351,6 +398,39 @@ def run(*, deadline_seconds: float, out=sys.stdout, database: str = DEMO_DB, res
         receiver.stop()
         for double in doubles.values():
             double.stop()
+
+
+def _start_console(say, pool, env: dict, bind: str, log_path: Path) -> subprocess.Popen | None:
+    """``vpay-server console`` on ``bind`` (loopback, the cookie without
+    TLS) on the demo's database, and its admin operator with a one-time
+    password, printed once. Answers the process, or None (said why) when it
+    did not come up."""
+    from vpay.console.accounts import create_operator, new_password
+    password = new_password()
+    with pool.connection() as conn:
+        create_operator(conn, DEMO_OPERATOR, "admin", password)
+    with open(log_path, "wb") as log_file:
+        console = subprocess.Popen(_console("vpay-server") + ["console", "--bind", bind, "--insecure-cookie"],
+                                   env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://{bind}"
+    if not _wait_healthy(url, console, path="/login"):
+        say(f"the console did not come up on {bind}; see {log_path}")
+        return None
+    say(f"console at {url} (log {log_path}): sign in as {DEMO_OPERATOR} "
+        f"with the one-time password {password}")
+    return console
+
+
+def _keep_console_up(say, console: subprocess.Popen, bind: str) -> None:
+    """Wait until SIGINT/SIGTERM (``_Stopped``, swallowed: the run's exit
+    code stands) or the console's own end."""
+    say(f"the console stays up at http://{bind}: Ctrl-C or SIGTERM ends the demo")
+    try:
+        while console.poll() is None:
+            time.sleep(0.5)
+        say(f"the console exited with {console.returncode}")
+    except _Stopped as stopped:
+        say(f"stopped by {stopped}; ending the console")
 
 
 EVENTS_OF_BATCH = ("SELECT count(*) FROM events e JOIN charges c ON c.payment_intent_id = e.payment_intent_id "
