@@ -94,10 +94,12 @@ INSERT INTO login_failures (email, address) VALUES (left(%(email)s, 254), %(addr
 DELETE FROM login_failures WHERE lower(email) = lower(%(email)s);
 
 -- name: rail_call_insert
+-- paused_seconds: the pause a 429/503 with Retry-After imposed (else NULL).
 INSERT INTO rail_calls (rail, operation, reference, charge_id, refund_id, http_status, answer, reason,
-                        latency_ms)
+                        latency_ms, paused_until)
 VALUES (%(rail)s, %(operation)s, %(reference)s, %(charge_id)s, %(refund_id)s, %(http_status)s,
-        %(answer)s, left(%(reason)s, 500), %(latency_ms)s);
+        %(answer)s, left(%(reason)s, 500), %(latency_ms)s,
+        now() + make_interval(secs => %(paused_seconds)s::float8));
 
 -- name: rail_calls_of_charge
 SELECT id, rail, operation, reference, http_status, answer, reason, latency_ms, created_at
@@ -112,9 +114,10 @@ SELECT id, rail, operation, reference, http_status, answer, reason, latency_ms, 
 WITH cutoff AS (SELECT now() - make_interval(secs => %(days)s * 86400.0) AS t),
 calls AS (DELETE FROM rail_calls r USING cutoff WHERE r.created_at < cutoff.t RETURNING 1),
 fails AS (DELETE FROM login_failures f USING cutoff WHERE f.created_at < cutoff.t RETURNING 1),
-samples AS (DELETE FROM console_samples WHERE sampled_at < now() - interval '2 days' RETURNING 1)
+samples AS (DELETE FROM console_samples WHERE sampled_at < now() - interval '2 days' RETURNING 1),
+figures AS (DELETE FROM console_figures WHERE sampled_at < now() - interval '2 days' RETURNING 1)
 SELECT (SELECT count(*) FROM calls) AS rail_calls, (SELECT count(*) FROM fails) AS login_failures,
-       (SELECT count(*) FROM samples) AS console_samples;
+       (SELECT count(*) FROM samples) AS console_samples, (SELECT count(*) FROM figures) AS console_figures;
 
 -- name: proposal_insert
 INSERT INTO resolution_proposals (charge_id, outcome, evidence, proposed_by)
@@ -282,7 +285,7 @@ SELECT l.lane,
          AS due,
        (SELECT count(*) FROM jobs j WHERE j.lane = l.lane AND j.locked_at IS NOT NULL) AS leased,
        (SELECT count(*) FROM jobs j WHERE j.lane = l.lane AND j.run_at = 'infinity') AS dead,
-       (SELECT extract(epoch FROM now() - min(j.run_at)) FROM jobs j
+       (SELECT extract(epoch FROM now() - min(j.run_at))::float8 FROM jobs j
          WHERE j.lane = l.lane AND j.run_at <= now() AND j.locked_at IS NULL) AS oldest_due_seconds
   FROM unnest(%(lanes)s::text[]) AS l(lane);
 
@@ -300,7 +303,94 @@ SELECT sampled_at, lane, due, leased, dead, oldest_due_seconds
  LIMIT 6000;
 
 -- name: console_open_alerts_by_kind
+-- Through alerts_open_kind (open alerts only).
 SELECT kind, count(*) AS n FROM alerts WHERE acknowledged_at IS NULL GROUP BY kind ORDER BY kind;
+
+-- name: console_figures_insert
+-- The overview's figures for the minute (console_figures): status reads due
+-- and the most overdue one's lateness (through jobs_claimable), charges
+-- settled since the last sample (at most 10 minutes back; through
+-- charges_settled) and their settle time, workers alive (console_workers).
+WITH since AS (
+    SELECT greatest(coalesce(max(sampled_at), now() - interval '1 minute'), now() - interval '10 minutes') AS t
+      FROM console_figures WHERE sampled_at > now() - interval '10 minutes'
+), polls AS (
+    SELECT count(*) AS n, extract(epoch FROM now() - min(j.run_at))::float8 AS late
+      FROM jobs j
+     WHERE j.kind = ANY(%(poll_kinds)s) AND j.run_at <= now() AND j.locked_at IS NULL AND j.run_at <> 'infinity'
+), settled AS (
+    SELECT count(*) AS n,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM c.settled_at - c.created_at)::float8) AS p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM c.settled_at - c.created_at)::float8) AS p95
+      FROM charges c, since
+     WHERE c.settled_at > since.t AND c.settled_at <= now()
+)
+INSERT INTO console_figures (polls_due, poll_late_seconds, settled, settle_p50_seconds, settle_p95_seconds, workers)
+SELECT polls.n, polls.late, settled.n, settled.p50, settled.p95, %(workers)s
+  FROM polls, settled
+ON CONFLICT DO NOTHING;
+
+-- name: console_figures_recent
+SELECT sampled_at, polls_due, poll_late_seconds, settled, settle_p50_seconds, settle_p95_seconds, workers
+  FROM console_figures
+ WHERE sampled_at > now() - interval '24 hours'
+ ORDER BY sampled_at
+ LIMIT 1500;
+
+-- name: console_workers
+-- Workers alive, as the database knows them: a worker's wake-up listener
+-- holds a connection named 'vpay-listener <worker id>' (vpay.engine.wake)
+-- while it runs, and a busy worker holds live leases (through jobs_leased).
+-- An idle worker started without the listener shows nowhere: a workers
+-- table with heartbeats is a later issue.
+WITH listeners AS (
+    SELECT substr(a.application_name, 15) AS worker_id, min(a.backend_start) AS listening_since
+      FROM pg_stat_activity a
+     WHERE a.datname = current_database() AND a.application_name LIKE 'vpay-listener %%'
+     GROUP BY 1
+), holders AS (
+    SELECT j.locked_by AS worker_id, count(*) AS leases, max(j.lease_expires_at) AS lease_until
+      FROM jobs j
+     WHERE j.locked_at IS NOT NULL AND j.lease_expires_at > now()
+     GROUP BY j.locked_by
+)
+SELECT coalesce(l.worker_id, h.worker_id) AS worker_id, l.listening_since,
+       coalesce(h.leases, 0) AS leases, h.lease_until
+  FROM listeners l FULL JOIN holders h ON h.worker_id = l.worker_id
+ ORDER BY 1
+ LIMIT 100;
+
+-- name: console_rails_paused
+-- Pauses still in force (a 429/503 with Retry-After; through
+-- rail_calls_paused): per rail the longest, with what the rail answered.
+SELECT DISTINCT ON (r.rail) r.rail, r.operation, r.http_status, r.reason, r.paused_until, r.created_at,
+       (SELECT count(*) FROM rail_calls x WHERE x.paused_until > now() AND x.rail = r.rail) AS pauses
+  FROM rail_calls r
+ WHERE r.paused_until > now()
+ ORDER BY r.rail, r.paused_until DESC;
+
+-- name: console_rail_health
+-- The last 15 minutes per rail (through rail_calls_created): calls, answers
+-- that asked for less traffic (429/503), errors (no answer, 5xx), the last
+-- of those.
+SELECT r.rail, count(*) AS calls,
+       count(*) FILTER (WHERE r.http_status IN (429, 503)) AS throttled,
+       count(*) FILTER (WHERE r.answer IN ('no_answer', 'error') OR r.http_status >= 500) AS errors,
+       max(r.created_at) FILTER (WHERE r.http_status IN (429, 503) OR r.answer IN ('no_answer', 'error')
+                                 OR r.http_status >= 500) AS last_trouble
+  FROM rail_calls r
+ WHERE r.created_at > now() - interval '15 minutes'
+ GROUP BY r.rail
+ ORDER BY r.rail;
+
+-- name: console_rails_misconfigured
+-- Open rail_misconfigured alerts per rail and code (through alerts_open_kind).
+SELECT a.details->>'rail' AS rail, a.details->>'code' AS code, count(*) AS n, max(a.created_at) AS last_at
+  FROM alerts a
+ WHERE a.kind = 'rail_misconfigured' AND a.acknowledged_at IS NULL
+ GROUP BY 1, 2
+ ORDER BY 1, 2
+ LIMIT 50;
 
 -- name: console_disabled_endpoints
 SELECT id, merchant_id, url, disabled_at, disabled_reason

@@ -389,6 +389,66 @@ def test_the_overview_shows_lanes_statuses_alerts_and_sampled_history(signed_in,
     assert "housekeeping" in page and "rail_misconfigured" in page and "<polyline" in page
 
 
+def test_a_rails_429_with_retry_after_is_stored_with_its_pause_and_a_held_back_call_is_not(pool, db):
+    from vpay.rails.calls import database_recorder, rail_call, set_recorder
+    from vpay.rails.port import RailPaused
+
+    class Paused:
+        code = "mtn"
+
+        @rail_call("status")
+        def status(self, request, http_status=429):
+            raise RailPaused("mtn", 30.0, "HTTP 429 with Retry-After", http_status=http_status)
+
+    set_recorder(database_recorder(pool))
+    try:
+        for http_status in (429, None):  # the answer that asked, then a call the gate held back
+            with pytest.raises(RailPaused):
+                Paused().status(None, http_status=http_status)
+    finally:
+        set_recorder(None)
+    rows = db.execute("SELECT http_status, answer, reason, extract(epoch FROM paused_until - created_at) "
+                      "FROM rail_calls").fetchall()
+    assert len(rows) == 1 and rows[0][:3] == (429, "paused", "HTTP 429 with Retry-After")
+    assert 29 <= rows[0][3] <= 31
+
+
+def test_the_overview_shows_rails_paused_misconfigured_workers_and_the_figures_charts(signed_in, db, db_url, merchant):
+    import psycopg
+    from vpay.engine import queue
+    from vpay.money import charges as ch
+    from vpay.money import overview
+    db.execute("INSERT INTO rail_calls (rail, operation, reference, http_status, answer, reason, latency_ms, "
+               "paused_until) VALUES ('orange', 'status', 'r1', 503, 'paused', %s, 12, now() + interval '2 minutes')",
+               (SCRIPT,))
+    alert(db, details={"rail": "mtn", "code": "HTTP_401"})
+    # a worker listening for wake-ups (its named connection) and one holding a lease
+    queue.enqueue(db, "test.count", "k:leased", {})
+    db.execute("UPDATE jobs SET locked_by = 'host:42', locked_at = now(), lease_token = gen_random_uuid(), "
+               "lease_expires_at = now() + interval '5 minutes' WHERE dedupe_key = 'k:leased'")
+    # a status read 90 s overdue, a charge settled 42 s after its creation
+    queue.enqueue(db, "poll", "poll:late", {}, rail="mtn")
+    db.execute("UPDATE jobs SET run_at = now() - interval '90 seconds' WHERE dedupe_key = 'poll:late'")
+    created = ch.create_payment(db, merchant_id=merchant, amount=100, currency="EUR", rail="mtn",
+                                payer="256770000001")
+    db.execute("UPDATE charges SET status = 'succeeded', settled_at = now(), "
+               "created_at = now() - interval '42 seconds' WHERE id = %s", (created.charge["id"],))
+    with psycopg.connect(db_url, application_name="vpay-listener host:7"):
+        overview.sample(db)
+        page = signed_in(role="viewer").get("/").text
+    figures = db.execute("SELECT polls_due, poll_late_seconds, settled, settle_p50_seconds, workers "
+                         "FROM console_figures").fetchall()
+    assert len(figures) == 1
+    polls_due, late, settled, p50, workers = figures[0]
+    assert (polls_due, settled, workers) == (1, 1, 2) and 89 <= late <= 120 and 41 <= p50 <= 43
+    assert "Rails paused and why" in page and "orange" in page and "HTTP 503" in page
+    assert SCRIPT not in page and ESCAPED in page  # the rail's reason is text
+    assert "HTTP_401" in page  # the open rail_misconfigured alert, per rail and code
+    assert "host:7" in page and "host:42" in page and "later issue" in page
+    assert "Poll lateness" in page and "Settle time, median" in page
+    assert page.count("<polyline") >= 5  # the lanes' chart and the four figures
+
+
 def test_the_cli_actions_are_audited_with_the_os_user(db):
     from vpay.money import operator as op
     from vpay.money.audit import os_actor

@@ -155,23 +155,52 @@ class Overview:
         with self.app.vpay_db.connection() as conn:
             snap = overview.snapshot(conn)
         charts = _charts(snap["samples"])
-        _render(self.app, req, resp, "overview.html", snap=snap, charts=charts)
+        figures = _figure_charts(snap["figures"])
+        _render(self.app, req, resp, "overview.html", snap=snap, charts=charts, figures=figures)
+
+
+def _polyline(rows: list[dict], key: str, now: float) -> tuple[str, float]:
+    """An SVG polyline's points for ``rows[key]`` over the last 24 h (x: 0..300,
+    one unit per 288 s; y: 0..60, the peak at the top), and the peak.
+    Server-drawn: the page needs no script."""
+    top = max([(r[key] or 0.0) for r in rows] + [1.0])
+    points = " ".join(f"{300 - (now - r['sampled_at'].timestamp()) / 288:.1f},"
+                      f"{60 - 60 * (r[key] or 0.0) / top:.1f}" for r in rows)
+    return points, top
 
 
 def _charts(samples: list[dict]) -> list[dict]:
-    """Per lane, the last 24 h of the oldest due job's age as an SVG
-    polyline's points (server-drawn: no script needed)."""
+    """Per lane, the last 24 h of the oldest due job's age."""
     by_lane: dict[str, list[dict]] = {}
     for s in samples:
         by_lane.setdefault(s["lane"], []).append(s)
     charts = []
     now = datetime.now(timezone.utc).timestamp()
     for lane, rows in sorted(by_lane.items()):
-        top = max([(r["oldest_due_seconds"] or 0.0) for r in rows] + [1.0])
-        points = " ".join(f"{300 - (now - r['sampled_at'].timestamp()) / 288:.1f},"
-                          f"{60 - 60 * (r['oldest_due_seconds'] or 0.0) / top:.1f}" for r in rows)
+        points, top = _polyline(rows, "oldest_due_seconds", now)
         charts.append({"lane": lane, "points": points, "top": top,
                        "due_now": rows[-1]["due"], "samples": len(rows)})
+    return charts
+
+
+FIGURES = (("poll_late_seconds", "Poll lateness (the most overdue status read)", "age"),
+           ("settle_p50_seconds", "Settle time, median (created to settled)", "age"),
+           ("settle_p95_seconds", "Settle time, 95th percentile", "age"),
+           ("workers", "Workers alive", "count"))
+"""The overview's figure charts: (column of console_figures, title, unit)."""
+
+
+def _figure_charts(figures: list[dict]) -> list[dict]:
+    """The last 24 h of each ``FIGURES`` column: ``[{title, unit, points,
+    top, last, samples}]``; empty without samples."""
+    if not figures:
+        return []
+    now = datetime.now(timezone.utc).timestamp()
+    charts = []
+    for key, title, unit in FIGURES:
+        points, top = _polyline(figures, key, now)
+        charts.append({"key": key, "title": title, "unit": unit, "points": points, "top": top,
+                       "last": figures[-1][key], "samples": len(figures)})
     return charts
 
 

@@ -1,8 +1,12 @@
 """What the console's overview shows, read in a few bounded queries: the
 queue per lane (due, leased, dead, the oldest due job's age), payments by
-status, open alerts by kind, disabled webhook endpoints, and the last 24
-hours of samples (``console_samples``, written once a minute by the worker's
-``sample:overview`` job). Also the retention of the console's own tables."""
+status, open alerts by kind, disabled webhook endpoints, rails paused and
+why (as the database knows it: pauses recorded in ``rail_calls``, the last
+15 minutes' throttling and errors, open ``rail_misconfigured`` alerts),
+workers alive (``console_workers``), and the last 24 hours of samples
+(``console_samples`` per lane and ``console_figures``: poll lateness, settle
+time, workers; written once a minute by the worker's ``sample:overview``
+job). Also the retention of the console's own tables."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from vpay.base.metrics import POLL_KINDS
 from vpay.base.queries import Q
 from vpay.engine import lanes
 
@@ -22,19 +27,33 @@ def lane_depth(conn: psycopg.Connection) -> list[dict[str, Any]]:
         return cur.execute(Q["console_lane_depth"], {"lanes": list(lanes.LANES)}).fetchall()
 
 
+def workers(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Workers alive as the database knows them: ``[{worker_id,
+    listening_since, leases, lease_until}]`` (at most 100). A worker shows
+    while its wake-up listener is connected or while it holds a live lease;
+    an idle worker run without the listener does not (a ``workers`` table
+    with heartbeats is a later issue)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["console_workers"]).fetchall()
+
+
 def sample(conn: psycopg.Connection) -> int:
-    """Write one sample per lane (now); delete samples past two days.
-    Answers the number of lanes sampled."""
+    """Write one sample per lane and the minute's figures (now); delete
+    samples past two days. Answers the number of lanes sampled."""
     rows = lane_depth(conn)
+    alive = len(workers(conn))
     with conn.transaction():
         conn.execute(Q["console_sample_insert"], {"rows": Jsonb(rows)})
+        conn.execute(Q["console_figures_insert"], {"poll_kinds": sorted(POLL_KINDS), "workers": alive})
         conn.execute("DELETE FROM console_samples WHERE sampled_at < now() - interval '2 days'")
+        conn.execute("DELETE FROM console_figures WHERE sampled_at < now() - interval '2 days'")
     return len(rows)
 
 
 def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
     """The overview: ``{lanes, charges_by_status, alerts_by_kind,
-    disabled_endpoints, samples}``."""
+    disabled_endpoints, samples, figures, workers, rails_paused,
+    rail_health, rails_misconfigured}``."""
     with conn.cursor(row_factory=dict_row) as cur:
         by_status = {s: cur.execute("SELECT count(*) AS n FROM charges WHERE status = %s", (s,)).fetchone()["n"]
                      for s in ("pending", "unresolved", "succeeded", "failed")}
@@ -44,6 +63,11 @@ def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
             "alerts_by_kind": cur.execute(Q["console_open_alerts_by_kind"]).fetchall(),
             "disabled_endpoints": cur.execute(Q["console_disabled_endpoints"]).fetchall(),
             "samples": cur.execute(Q["console_samples_recent"]).fetchall(),
+            "figures": cur.execute(Q["console_figures_recent"]).fetchall(),
+            "workers": workers(conn),
+            "rails_paused": cur.execute(Q["console_rails_paused"]).fetchall(),
+            "rail_health": cur.execute(Q["console_rail_health"]).fetchall(),
+            "rails_misconfigured": cur.execute(Q["console_rails_misconfigured"]).fetchall(),
         }
 
 

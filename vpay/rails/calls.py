@@ -23,7 +23,8 @@ _recorder: Callable[[dict], None] | None = None
 def set_recorder(recorder: Callable[[dict], None] | None) -> None:
     """Give every rail call of this process to ``recorder(call)`` (None: stop).
     ``call`` is ``{rail, operation, reference, charge_id, refund_id,
-    http_status, answer, reason, latency_ms}``."""
+    http_status, answer, reason, latency_ms, paused_seconds}``
+    (``paused_seconds``: the pause a 429/503 with Retry-After imposed, else None)."""
     global _recorder
     _recorder = recorder
 
@@ -38,7 +39,7 @@ def database_recorder(pool) -> Callable[[dict], None]:
     def record(call: dict) -> None:
         try:
             with pool.connection(timeout=2.0) as conn:
-                conn.execute(Q["rail_call_insert"], call)
+                conn.execute(Q["rail_call_insert"], {"paused_seconds": None, **call})
         except Exception as exc:  # noqa: BLE001 - the record is secondary to the call
             rail_log.warning("rail call not recorded", extra={"error": type(exc).__name__})
     return record
@@ -71,15 +72,17 @@ def rail_call(operation: str) -> Callable:
         @functools.wraps(fn)
         def call(self, *args, **kwargs):
             started = time.monotonic()
-            result, answer = None, "error"
+            result, answer, paused = None, "error", None
             try:
                 result = fn(self, *args, **kwargs)
                 answer = getattr(getattr(result, "kind", None), "value", "error")
                 return result
-            except RailPaused:
+            except RailPaused as exc:
                 # The rail asked for less traffic (vpay.rails.gate): logged and
-                # counted by the gate, not as a request of this call.
-                answer = "paused"
+                # counted by the gate, not as a request of this call. The
+                # answer that asked for it is stored (the console's "rails
+                # paused"); a call the gate held back sent nothing.
+                answer, paused = "paused", exc
                 raise
             finally:
                 seconds = time.monotonic() - started
@@ -94,13 +97,16 @@ def rail_call(operation: str) -> Callable:
                                  "http_status": http_status, "reason": getattr(result, "reason", None),
                                  "seconds": round(seconds, 3), "sent": sent,
                                  **_call_ids(args)})
-                if sent and _recorder is not None:
+                asked = getattr(paused, "http_status", None)
+                if (sent or asked) and _recorder is not None:
                     ids = _call_ids(args)
                     _recorder({"rail": self.code, "operation": operation,
                                "reference": ids.get("rail_reference"), "charge_id": ids.get("charge_id"),
-                               "refund_id": ids.get("refund_id"), "http_status": http_status,
-                               "answer": answer, "reason": getattr(result, "reason", None),
-                               "latency_ms": int(seconds * 1000)})
+                               "refund_id": ids.get("refund_id"), "http_status": asked or http_status,
+                               "answer": answer,
+                               "reason": paused.reason if asked else getattr(result, "reason", None),
+                               "latency_ms": int(seconds * 1000),
+                               "paused_seconds": paused.seconds if asked else None})
         return call
     return wrap
 

@@ -143,7 +143,8 @@ def exchange(
         if wait is not None and wait > 0:
             left = gate.pause(wait, f"HTTP {response.status_code} Retry-After "
                                     f"{response.headers.get('retry-after', '')[:40]}")
-            raise RailPaused(rail, left, f"HTTP {response.status_code} with Retry-After")
+            raise RailPaused(rail, left, f"HTTP {response.status_code} with Retry-After",
+                             http_status=response.status_code)
     return response
 
 

@@ -57,11 +57,14 @@ class RailPaused(Exception):
     (``vpay.handlers.registry.handle``), without counting it as a failure or
     a rung. ``reason`` is short and credential-free."""
 
-    def __init__(self, rail: str, seconds: float, reason: str):
+    def __init__(self, rail: str, seconds: float, reason: str, http_status: int | None = None):
         super().__init__(f"rail {rail} paused for {seconds:.1f} s: {reason}")
         self.rail = rail
         self.seconds = seconds
         self.reason = reason
+        # The rail's answer that asked for the pause (429/503); None when
+        # the gate refused the call before sending it.
+        self.http_status = http_status
 
 
 def seconds_setting(environ, name: str, maximum: float = 600.0) -> float | None:
