@@ -25,3 +25,22 @@ CREATE TABLE console_figures (
 -- alerts by kind read only open alerts.
 CREATE INDEX charges_settled ON charges (settled_at) WHERE settled_at IS NOT NULL;
 CREATE INDEX alerts_open_kind ON alerts (kind, created_at) WHERE acknowledged_at IS NULL;
+
+-- One row per rail callback the API read (vpay.api.callbacks): what it
+-- named and what it did to the charge's poll (action: pulled_forward,
+-- enqueued, spaced; left alone: polled_recently, leased, dead_lettered,
+-- due_soon, raced; unknown_reference; token_refused). The console's payment
+-- timeline reads them; under the same retention as rail_calls (the hourly
+-- sweep, VPAY_RETENTION_DAYS). Never the body or a token: a callback is a
+-- hint, and anyone may send one.
+CREATE TABLE rail_callbacks (
+    id           bigserial   PRIMARY KEY,
+    rail         text        NOT NULL,
+    reference    text        NOT NULL,
+    charge_id    text,
+    action       text        NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX rail_callbacks_charge ON rail_callbacks (charge_id, created_at) WHERE charge_id IS NOT NULL;
+CREATE INDEX rail_callbacks_created ON rail_callbacks (created_at);
+CREATE INDEX rail_callbacks_reference ON rail_callbacks (reference, created_at);

@@ -101,6 +101,24 @@ VALUES (%(rail)s, %(operation)s, %(reference)s, %(charge_id)s, %(refund_id)s, %(
         %(answer)s, left(%(reason)s, 500), %(latency_ms)s,
         now() + make_interval(secs => %(paused_seconds)s::float8));
 
+-- name: rail_callback_insert
+INSERT INTO rail_callbacks (rail, reference, charge_id, action)
+VALUES (%(rail)s, left(%(reference)s, 200), %(charge_id)s, %(action)s);
+
+-- name: rail_callbacks_of_charge
+SELECT id, rail, reference, action, created_at
+  FROM rail_callbacks
+ WHERE charge_id = %(charge_id)s
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: rail_callbacks_of_reference
+-- Callbacks naming a reference (the payments search, when no charge matches).
+SELECT count(*) AS n, max(created_at) AS last_at,
+       count(*) FILTER (WHERE charge_id IS NULL) AS unknown
+  FROM (SELECT charge_id, created_at FROM rail_callbacks WHERE reference = %(reference)s
+         ORDER BY created_at DESC LIMIT 1000) r;
+
 -- name: rail_calls_of_charge
 SELECT id, rail, operation, reference, http_status, answer, reason, latency_ms, created_at
   FROM rail_calls
@@ -110,13 +128,15 @@ SELECT id, rail, operation, reference, http_status, answer, reason, latency_ms, 
 
 -- name: console_prune
 -- Retention of the console's own tables (the hourly sweep, VPAY_RETENTION_DAYS):
--- rail calls and finished sign-in failures past it; samples past two days.
+-- rail calls, callbacks and finished sign-in failures past it; samples past two days.
 WITH cutoff AS (SELECT now() - make_interval(secs => %(days)s * 86400.0) AS t),
 calls AS (DELETE FROM rail_calls r USING cutoff WHERE r.created_at < cutoff.t RETURNING 1),
+callbacks AS (DELETE FROM rail_callbacks r USING cutoff WHERE r.created_at < cutoff.t RETURNING 1),
 fails AS (DELETE FROM login_failures f USING cutoff WHERE f.created_at < cutoff.t RETURNING 1),
 samples AS (DELETE FROM console_samples WHERE sampled_at < now() - interval '2 days' RETURNING 1),
 figures AS (DELETE FROM console_figures WHERE sampled_at < now() - interval '2 days' RETURNING 1)
-SELECT (SELECT count(*) FROM calls) AS rail_calls, (SELECT count(*) FROM fails) AS login_failures,
+SELECT (SELECT count(*) FROM calls) AS rail_calls, (SELECT count(*) FROM callbacks) AS rail_callbacks,
+       (SELECT count(*) FROM fails) AS login_failures,
        (SELECT count(*) FROM samples) AS console_samples, (SELECT count(*) FROM figures) AS console_figures;
 
 -- name: proposal_insert

@@ -70,6 +70,22 @@ def test_the_rails_callback_pulls_a_parked_poll_forward_and_the_worker_settles_i
     assert stack.proc.find("callback hint", charge_id=charge["id"], action="pulled_forward")
 
 
+def test_the_apis_request_to_pay_and_every_callback_are_stored_for_the_consoles_timeline(stack, db):
+    stack.rail.script("256770000102", outcome="PENDING")  # no callback of the rail's own
+    _, charge = _create(stack, db, "256770000102")
+    ref = charge["rail_reference"]
+    # the API process records its own rail calls (the worker made none here)
+    assert db.execute("SELECT operation, answer, http_status FROM rail_calls WHERE charge_id = %s",
+                      (charge["id"],)).fetchall() == [("request_to_pay", "accepted", 202)]
+    _park(db, charge["id"], 90)
+    unknown = random_reference()
+    for reference in (ref, ref, unknown):
+        assert stack.callback(reference, SUCCESS_CLAIM).status_code == 202
+    assert db.execute("SELECT rail, reference, charge_id, action FROM rail_callbacks ORDER BY id").fetchall() == [
+        ("mtn", ref, charge["id"], "pulled_forward"), ("mtn", ref, charge["id"], "due_soon"),
+        ("mtn", unknown, None, "unknown_reference")]
+
+
 def test_a_second_callback_within_10_seconds_changes_nothing(stack, db):
     charge = make_payment(db)
     _park(db, charge["id"], 90)

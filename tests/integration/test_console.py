@@ -299,6 +299,23 @@ def test_a_payment_is_found_by_id_rail_reference_and_msisdn_and_its_timeline_sho
     assert SCRIPT not in page and ESCAPED in page  # a rail's reason is text
 
 
+def test_a_payments_timeline_shows_its_callbacks_and_what_they_did(signed_in, db, merchant):
+    ch = unresolved_charge(db, merchant)
+    for action in ("pulled_forward", "due_soon"):
+        db.execute("INSERT INTO rail_callbacks (rail, reference, charge_id, action) VALUES ('mtn', %s, %s, %s)",
+                   (ch["rail_reference"], ch["id"], action))
+    db.execute("INSERT INTO rail_callbacks (rail, reference, action) VALUES ('mtn', %s, 'unknown_reference')",
+               (SCRIPT,))
+    c = signed_in(role="viewer")
+    page = c.get(f"/payments/{ch['id']}").text
+    assert page.count("callback from mtn") == 2
+    assert "pulled the status read forward to now" in page and "left alone: a status read was due within 10 s" in page
+    # a callback naming no charge is found by its reference, escaped
+    search = c.get("/payments", q=SCRIPT).text
+    assert "No payment matches" in search and "1 callback named this reference" in search
+    assert SCRIPT not in search and ESCAPED in search
+
+
 def test_the_payments_list_pages_without_reading_everything(signed_in, db, merchant):
     from vpay.money import charges as ch
     for i in range(55):

@@ -41,8 +41,11 @@ identifier can then only make the read answer NOT_FOUND (nothing settles;
 the horizon and the statement decide), never point the read at another
 charge's payment.
 
-Apart from that identifier, only ``jobs`` is ever written: no status,
-intent or event. The answer is
+Apart from that identifier, only ``jobs`` is ever written (no status,
+intent or event), and one ``rail_callbacks`` row per callback read: the
+rail, the reference, the charge if any and the action
+(``unknown_reference`` and ``token_refused`` too), for the console's
+payment timeline; never the body or a token. The answer is
 202 with the same bytes and headers whether or not the reference names a
 charge (no oracle for "does this charge exist"); a miss is logged at info.
 Unknown ``{code}`` → 404; unreadable input → 400 with a generic message;
@@ -122,6 +125,17 @@ def apply_hint(conn: psycopg.Connection, rail: str, reference: str,
     return charge_id, "spaced" if pulled[1] else "pulled_forward"
 
 
+def record(conn: psycopg.Connection, rail: str, reference: str, charge_id: str | None, action: str) -> None:
+    """One ``rail_callbacks`` row (the console's timeline). Best effort: the
+    hint is already acted on, and the rail gets the same answer whether or
+    not the row was written (a failure is logged)."""
+    try:
+        conn.execute(Q["rail_callback_insert"], {"rail": rail, "reference": reference,
+                                                 "charge_id": charge_id, "action": action})
+    except psycopg.Error as exc:
+        log.warning("callback not recorded", extra={"rail": rail, "error": type(exc).__name__})
+
+
 class CallbackResource:
     """The callback route of one API worker process. ``rails(code)`` builds
     the adapter (``RailError`` when that rail is not configured)."""
@@ -158,7 +172,8 @@ class CallbackResource:
         with self.db.connection() as conn:
             proof = (proof_matches(conn, code, ids.rail_reference, ids.hints.get("notif_token"))
                      if code in PROOF_RAILS else True)
-            if proof is False:  # exactly like an unknown reference: nothing written, same answer
+            if proof is False:  # exactly like an unknown reference: no job written, same answer
+                record(conn, code, ids.rail_reference, None, "token_refused")
                 log.info("notif_token mismatch", extra={
                     "rail": code, "rail_reference": ids.rail_reference,
                     "token_present": "notif_token" in ids.hints, "hints": hints})
@@ -168,6 +183,7 @@ class CallbackResource:
                        if proof is not None and ids.status_keys else None)
             charge_id, action = (None, "unknown_reference") if proof is None else \
                 apply_hint(conn, code, ids.rail_reference)
+            record(conn, code, ids.rail_reference, charge_id, action)
         if charge_id is None:
             log.info("callback for an unknown reference",
                      extra={"rail": code, "rail_reference": ids.rail_reference,

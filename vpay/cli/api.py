@@ -135,7 +135,12 @@ def api(bind: str, workers: int, threads: int, timeout: float) -> None:
         return build_rail(code, total_timeout=settings.api_rail_timeout_seconds)
 
     def app_factory():
-        return create_app(url, rail_for, settings, submit_slots=slots)
+        app = create_app(url, rail_for, settings, submit_slots=slots)
+        # rail_calls: the API's requests-to-pay on the console's timelines,
+        # through this worker process's own pool (made after the fork)
+        from vpay.rails.calls import database_recorder, set_recorder
+        set_recorder(database_recorder(app.vpay_db))
+        return app
 
     if listen is not None:
         _check_listen(*listen)

@@ -236,8 +236,12 @@ class Payments:
                                                    "before": f"{last['created_at'].isoformat()}|{last['id']}"}.items() if v})
         if q and len(rows) == 1 and not before:
             _redirect(f"/payments/{rows[0]['id']}")
+        callbacks = None
+        if q and not rows and not before:  # a callback may name a reference no charge has
+            with self.app.vpay_db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                callbacks = cur.execute(Q["rail_callbacks_of_reference"], {"reference": q[:200]}).fetchone()
         _render(self.app, req, resp, "payments.html", rows=rows, q=q or "", status=status or "",
-                rail=rail or "", merchant=merchant or "", next_q=next_q)
+                rail=rail or "", merchant=merchant or "", next_q=next_q, callbacks=callbacks)
 
 
 class Payment:
@@ -254,6 +258,8 @@ class Payment:
             charge = next((c for c in found["charges"] if c["id"] == charge_id), found["charges"][-1])
             with conn.cursor(row_factory=dict_row) as cur:
                 calls = cur.execute(Q["rail_calls_of_charge"], {"charge_id": charge["id"], "limit": 200}).fetchall()
+                callbacks = cur.execute(Q["rail_callbacks_of_charge"],
+                                        {"charge_id": charge["id"], "limit": 200}).fetchall()
                 alerts = cur.execute(Q["console_alerts_of_charge"], {"charge_id": charge["id"]}).fetchall()
                 event_ids = [e["id"] for e in found["events"]]
                 deliveries = cur.execute(Q["console_deliveries_of_events"], {"ids": event_ids}).fetchall()
@@ -262,7 +268,7 @@ class Payment:
                 actions = cur.execute(Q["audit_of_targets"], {"targets": [f"charge:{charge['id']}"]}).fetchall()
                 poll = cur.execute(Q["op_charge_polls"], {"keys": [f"poll:{charge['id']}"]}).fetchone()
             props = proposals.of_charges(conn, [charge["id"]])
-        timeline = _timeline(found, charge, calls, alerts, deliveries, evidence, actions, props)
+        timeline = _timeline(found, charge, calls, alerts, deliveries, evidence, actions, props, callbacks)
         _render(self.app, req, resp, "payment.html", intent=found["payment_intent"], charge=charge,
                 payer=charge["payer"], rail_transaction_id=charge["rail_transaction_id"], timeline=timeline,
                 refunds=refunds, poll=poll, charges=found["charges"])
@@ -274,7 +280,20 @@ def _ts(value) -> datetime | None:
     return datetime.fromisoformat(value)
 
 
-def _timeline(found, charge, calls, alerts, deliveries, evidence, actions, props) -> list[dict]:
+CALLBACK_ACTIONS = {
+    "pulled_forward": "pulled the status read forward to now",
+    "enqueued": "queued a status read (there was none)",
+    "spaced": "pulled the status read forward to 10 s after the last one",
+    "polled_recently": "left alone: the status was read moments ago",
+    "leased": "left alone: a status read was in progress",
+    "dead_lettered": "left alone: the status read is a dead letter",
+    "due_soon": "left alone: a status read was due within 10 s",
+    "raced": "left alone: the status read changed meanwhile",
+}
+"""What a callback did (``rail_callbacks.action``, vpay.api.callbacks.apply_hint), in words."""
+
+
+def _timeline(found, charge, calls, alerts, deliveries, evidence, actions, props, callbacks=()) -> list[dict]:
     """The payment's story, oldest first: ``[{at, what, detail}]``."""
     items = [{"at": _ts(charge.get("created_at")), "what": "created",
               "detail": f"intent {found['payment_intent']['id']}, charge {charge['id']}"}]
@@ -286,6 +305,9 @@ def _timeline(found, charge, calls, alerts, deliveries, evidence, actions, props
         items.append({"at": r["created_at"], "what": f"rail {r['operation']}",
                       "detail": f"{r['answer']} (HTTP {r['http_status'] if r['http_status'] is not None else '-'}"
                                 f", {r['latency_ms']} ms){': ' + r['reason'] if r['reason'] else ''}"})
+    for cb in callbacks:
+        items.append({"at": cb["created_at"], "what": f"callback from {cb['rail']}",
+                      "detail": CALLBACK_ACTIONS.get(cb["action"], cb["action"])})
     if c.get("unresolved_at"):
         items.append({"at": _ts(c["unresolved_at"]), "what": "escalated", "detail": "unresolved at the horizon"})
     if c.get("settled_at"):

@@ -2,8 +2,9 @@
 decorator the adapters put on each port method (docs/observability.md,
 ``vpay_rail_requests_total``, ``vpay_rail_request_seconds``), and stored as
 one ``rail_calls`` row when the process has set a recorder (the worker and
-the API do: ``set_recorder(database_recorder(pool))``; the console's payment
-timeline reads them)."""
+each API worker process do: ``set_recorder(database_recorder(pool))`` in
+``vpay.cli.worker`` and ``vpay.cli.api``; the console's payment timeline
+reads them)."""
 
 from __future__ import annotations
 
