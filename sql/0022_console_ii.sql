@@ -44,3 +44,6 @@ CREATE TABLE rail_callbacks (
 CREATE INDEX rail_callbacks_charge ON rail_callbacks (charge_id, created_at) WHERE charge_id IS NOT NULL;
 CREATE INDEX rail_callbacks_created ON rail_callbacks (created_at);
 CREATE INDEX rail_callbacks_reference ON rail_callbacks (reference, created_at);
+
+-- The payments list filtered by rail, newest first (keyset on created_at, id).
+CREATE INDEX charges_rail_created ON charges (rail, created_at, id);

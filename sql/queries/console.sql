@@ -194,8 +194,13 @@ SELECT l.statement_id, l.line_no, l.reference, l.rail_transaction_id, l.msisdn, 
  LIMIT 50;
 
 -- name: console_payment_search
--- One search box: an intent, charge or refund id, a rail reference, a rail
--- transaction id, or a payer's MSISDN; newest first, keyset on (created_at, id).
+-- One search box (an intent, charge or refund id, a rail reference, a rail
+-- transaction id, or a payer's MSISDN) and filters (status, rail, merchant,
+-- created from/to); newest first, keyset on (created_at, id). Run unprepared
+-- (vpay.console.pages): each run is planned with its values, so an absent
+-- filter folds away and the plan takes the index that filter has
+-- (charges_created, charges_status_created, charges_rail_created, the search
+-- columns' indexes, or payment_intents_merchant_page for a small merchant).
 SELECT c.id, c.payment_intent_id, i.merchant_id, c.rail, c.rail_reference, c.payer, c.amount,
        c.currency, c.status, c.created_at
   FROM charges c JOIN payment_intents i ON i.id = c.payment_intent_id
@@ -208,6 +213,7 @@ SELECT c.id, c.payment_intent_id, i.merchant_id, c.rail, c.rail_reference, c.pay
    AND (%(rail)s::text IS NULL OR c.rail = %(rail)s)
    AND (%(merchant)s::text IS NULL OR i.merchant_id = %(merchant)s)
    AND (%(since)s::timestamptz IS NULL OR c.created_at >= %(since)s)
+   AND (%(until)s::timestamptz IS NULL OR c.created_at < %(until)s)
    AND (%(before_created)s::timestamptz IS NULL OR (c.created_at, c.id) < (%(before_created)s, %(before_id)s))
  ORDER BY c.created_at DESC, c.id DESC
  LIMIT %(limit)s;

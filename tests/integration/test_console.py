@@ -330,6 +330,49 @@ def test_the_payments_list_pages_without_reading_everything(signed_in, db, merch
     assert second.text.count('<a href="/payments/ch_') == 5
 
 
+def test_payments_filter_by_created_time_rail_merchant_and_status_and_page_with_the_filters(signed_in, db, merchant):
+    import re
+    from urllib.parse import parse_qsl
+    from vpay.money import charges as ch
+    from vpay.money.merchants import create_merchant
+    create_merchant(db, "other", "Other")
+    made = {}
+    for i, (m, rail, hours_ago) in enumerate([(merchant, "mtn", 50), (merchant, "orange", 26), ("other", "mtn", 25),
+                                              ("other", "mtn", 1)]):
+        c = ch.create_payment(db, merchant_id=m, amount=100 + i, currency="EUR" if rail == "mtn" else "XOF",
+                              rail=rail, payer="256770000001").charge
+        db.execute("UPDATE charges SET created_at = now() - make_interval(hours => %s) WHERE id = %s", (hours_ago, c["id"]))
+        made[(m, rail, hours_ago)] = c["id"]
+    c = signed_in(role="viewer")
+
+    def ids(**params):
+        page = c.get("/payments", **params)
+        assert page.status_code == 200, page.text[:300]
+        return re.findall(r'<a href="/payments/(ch_[^"]+)">', page.text)
+    from datetime import datetime, timedelta, timezone
+    day_ago = (datetime.now(timezone.utc) - timedelta(hours=30)).strftime("%Y-%m-%dT%H:%M")
+    two_h_ago = (datetime.now(timezone.utc) - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M")
+    assert ids(created_from=day_ago) == [made[("other", "mtn", 1)], made[("other", "mtn", 25)],
+                                         made[(merchant, "orange", 26)]]
+    assert ids(created_from=day_ago, created_to=two_h_ago) == [made[("other", "mtn", 25)], made[(merchant, "orange", 26)]]
+    assert ids(rail="orange") == [made[(merchant, "orange", 26)]]
+    assert ids(merchant="other", created_to=two_h_ago) == [made[("other", "mtn", 25)]]
+    assert ids(merchant=merchant, rail="mtn", status="pending") == [made[(merchant, "mtn", 50)]]
+    assert ids(status="succeeded") == []
+    page = c.get("/payments", created_from=day_ago, rail="mtn").text
+    assert f'value="{day_ago}"' in page  # the form shows the filter back
+    for bad in ({"created_from": "yesterday"}, {"created_from": two_h_ago, "created_to": day_ago}, {"rail": "visa"}):
+        assert c.get("/payments", **bad).status_code == 400, bad
+    # a next page keeps the filters
+    for i in range(55):
+        ch.create_payment(db, merchant_id="other", amount=500 + i, currency="EUR", rail="mtn", payer="256770000001")
+    first = c.get("/payments", merchant="other", rail="mtn", created_from=day_ago).text
+    nxt = dict(parse_qsl(re.search(r'href="/payments\?([^"]+)" rel="next"', first).group(1).replace("&amp;", "&")))
+    assert (nxt["merchant"], nxt["rail"], nxt["created_from"]) == ("other", "mtn", day_ago)
+    rest = ids(**nxt)  # 57 match: 50, then the 5 oldest new ones and the two made above
+    assert len(rest) == 7 and rest[-2:] == [made[("other", "mtn", 1)], made[("other", "mtn", 25)]]
+
+
 # -- escaping --------------------------------------------------------------
 
 def test_a_statement_line_and_a_webhook_url_containing_script_render_as_text(signed_in, db, merchant, monkeypatch):

@@ -206,15 +206,47 @@ def _figure_charts(figures: list[dict]) -> list[dict]:
 
 # -- payments --------------------------------------------------------------
 
+RAILS = ("mtn", "orange", "mpesa", "pawapay")
+STATUSES = ("pending", "unresolved", "succeeded", "failed")
+
+
+def _time_param(req: falcon.Request, name: str) -> datetime | None:
+    """A ``created_from``/``created_to`` filter: a date (``2026-12-04``) or a
+    date and time (``2026-12-04T16:45``, as ``<input type=datetime-local>``
+    sends it), read as UTC like every time the console shows; an explicit
+    offset is kept. 400 when unreadable."""
+    value = _param(req, name)
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise falcon.HTTPBadRequest(title="Bad filter",
+                                    description=f"{name}: a date (2026-12-04) or a UTC time (2026-12-04T16:45).") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _time_value(value: datetime | None) -> str:
+    """A time filter as the form shows it back (UTC, to the minute)."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M") if value else ""
+
+
 class Payments:
+    """``GET /payments``: the search box and the filters (status, rail,
+    merchant, created from/to), newest first, keyset-paginated; one hit of
+    a search opens the payment."""
+
     def __init__(self, app: ConsoleApp):
         self.app = app
 
     def on_get(self, req, resp):
         q = _param(req, "q")
-        status = _param(req, "status", ("pending", "unresolved", "succeeded", "failed"))
-        rail = _param(req, "rail", ("mtn", "orange", "mpesa", "pawapay"))
+        status = _param(req, "status", STATUSES)
+        rail = _param(req, "rail", RAILS)
         merchant = _param(req, "merchant")
+        since, until = _time_param(req, "created_from"), _time_param(req, "created_to")
+        if since and until and since >= until:
+            raise falcon.HTTPBadRequest(title="Bad filter", description="created_from must be before created_to.")
         before = _param(req, "before")
         before_created, before_id = None, None
         if before:
@@ -224,16 +256,21 @@ class Payments:
             except ValueError:
                 raise falcon.HTTPBadRequest(title="Bad page", description="Unreadable page marker.") from None
         with self.app.vpay_db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            # Unprepared: planned with its values, so the absent filters fold
+            # away and the present one's index is used (sql/queries/console.sql).
             rows = cur.execute(Q["console_payment_search"], {
-                "q": q, "status": status, "rail": rail, "merchant": merchant, "since": None,
-                "before_created": before_created, "before_id": before_id, "limit": PAGE + 1}).fetchall()
+                "q": q, "status": status, "rail": rail, "merchant": merchant, "since": since, "until": until,
+                "before_created": before_created, "before_id": before_id, "limit": PAGE + 1},
+                prepare=False).fetchall()
         more = len(rows) > PAGE
         rows = rows[:PAGE]
+        filters = {"q": q, "status": status, "rail": rail, "merchant": merchant,
+                   "created_from": _time_value(since), "created_to": _time_value(until)}
         next_q = None
         if more:
             last = rows[-1]
-            next_q = urlencode({k: v for k, v in {"q": q, "status": status, "rail": rail, "merchant": merchant,
-                                                   "before": f"{last['created_at'].isoformat()}|{last['id']}"}.items() if v})
+            next_q = urlencode({k: v for k, v in {
+                **filters, "before": f"{last['created_at'].isoformat()}|{last['id']}"}.items() if v})
         if q and len(rows) == 1 and not before:
             _redirect(f"/payments/{rows[0]['id']}")
         callbacks = None
@@ -241,7 +278,9 @@ class Payments:
             with self.app.vpay_db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 callbacks = cur.execute(Q["rail_callbacks_of_reference"], {"reference": q[:200]}).fetchone()
         _render(self.app, req, resp, "payments.html", rows=rows, q=q or "", status=status or "",
-                rail=rail or "", merchant=merchant or "", next_q=next_q, callbacks=callbacks)
+                rail=rail or "", merchant=merchant or "", created_from=filters["created_from"],
+                created_to=filters["created_to"], rails=RAILS, statuses=STATUSES, next_q=next_q,
+                callbacks=callbacks)
 
 
 class Payment:
