@@ -42,11 +42,12 @@ class Client:
             self.csrf = m.group(1)
         return result
 
-    def get(self, path: str, **params):
+    def get(self, path: str, headers: dict | None = None, **params):
         return self._keep(self.client.simulate_get(path, params=params or None, cookies=self.cookies,
-                                                   remote_addr=self.address))
+                                                   remote_addr=self.address, headers=headers))
 
-    def post(self, path: str, form: dict | None = None, *, csrf: str | None = "page", files=None):
+    def post(self, path: str, form: dict | None = None, *, csrf: str | None = "page", files=None,
+             headers: dict | None = None):
         body = dict(form or {})
         if csrf == "page":
             body["csrf_token"] = self.csrf
@@ -58,7 +59,8 @@ class Client:
                                                         remote_addr=self.address, headers={"Content-Type": ctype}))
         return self._keep(self.client.simulate_post(path, params=None, body=_encode(body), cookies=self.cookies,
                                                     remote_addr=self.address,
-                                                    headers={"Content-Type": "application/x-www-form-urlencoded"}))
+                                                    headers={"Content-Type": "application/x-www-form-urlencoded",
+                                                             **(headers or {})}))
 
     def login(self, email: str, password: str = PASSWORD):
         page = self.get("/login")

@@ -180,3 +180,41 @@ def test_upload_a_statement_dry_run_then_apply(page_as, db, merchant, tmp_path):
     assert db.execute("SELECT count(*) FROM statements").fetchone()[0] == 1
     assert db.execute("SELECT status FROM charges").fetchone()[0] == "succeeded"
     page.screenshot(path=str(tmp_path / "statement.png"), full_page=True)
+
+
+def test_htmx_swaps_the_payments_results_without_a_reload_and_the_console_works_without_script(
+        page_as, browser, console_url, db, merchant, tmp_path):
+    from vpay.money import charges
+    for i, rail in enumerate(("mtn", "mtn", "orange")):
+        charges.create_payment(db, merchant_id=merchant, amount=100 + i, currency="EUR" if rail == "mtn" else "XOF",
+                               rail=rail, payer=f"25677000010{i}")
+    page = page_as("ops@example.com")
+    page.get_by_role("navigation").get_by_role("link", name="Payments").click()
+    page.get_by_role("heading", name="Payments").wait_for()
+    page.evaluate("window.vpayNoReload = true")
+    rows = page.locator("#results tbody tr")
+    assert rows.count() == 3
+    page.get_by_label("Rail").select_option("orange")
+    page.get_by_role("button", name="Search").click()
+    page.wait_for_url(re.compile(r"rail=orange"))  # htmx pushed the filtered address
+    wait_until(lambda: rows.count() == 1, 10, what="the results to be swapped")
+    assert page.evaluate("window.vpayNoReload") is True  # swapped in place, not a new page
+    page.screenshot(path=str(tmp_path / "payments-htmx.png"), full_page=True)
+
+    # the same console with script off: a bulk acknowledgement is a plain form post
+    alert(db, "rail_misconfigured", {"reason": "bad key"})
+    operator(db, "nojs@example.com")
+    ctx = browser.new_context(java_script_enabled=False)
+    try:
+        plain = ctx.new_page()
+        plain.goto(console_url + "/login")
+        plain.get_by_label("Email").fill("nojs@example.com")
+        plain.get_by_label("Password").fill(PASSWORD)
+        plain.get_by_role("button", name="Sign in").click()
+        plain.get_by_role("navigation").get_by_role("link", name="Alerts").click()
+        plain.get_by_label("Note").fill("no script needed")
+        plain.get_by_role("button", name="Acknowledge every open alert matching the filter").click()
+        plain.get_by_text("Acknowledged 1 alert(s).").wait_for()
+    finally:
+        ctx.close()
+    assert db.execute("SELECT note FROM alerts").fetchone()[0] == "no script needed"

@@ -373,6 +373,41 @@ def test_payments_filter_by_created_time_rail_merchant_and_status_and_page_with_
     assert len(rest) == 7 and rest[-2:] == [made[("other", "mtn", 1)], made[("other", "mtn", 25)]]
 
 
+HX = {"HX-Request": "true", "HX-Target": "results"}
+
+
+def test_htmx_gets_only_the_payments_results_and_a_single_hit_as_a_whole_page_visit(signed_in, db, merchant):
+    from vpay.money import charges as ch
+    made = [ch.create_payment(db, merchant_id=merchant, amount=100 + i, currency="EUR", rail="mtn",
+                              payer=f"25677000000{i}").charge for i in range(2)]
+    c = signed_in(role="viewer")
+    whole = c.get("/payments")
+    assert '<div id="results"' in whole.text and 'hx-get="/payments"' in whole.text and "<nav" in whole.text
+    part = c.get("/payments", headers=HX)
+    assert part.status_code == 200 and part.text.lstrip().startswith("<div id=\"results\"")
+    assert "<nav" not in part.text and "<html" not in part.text and part.text.count("/payments/ch_") == 2
+    hit = c.get("/payments", headers=HX, q=made[0]["rail_reference"])
+    assert hit.status_code == 200 and hit.headers["HX-Redirect"] == f"/payments/{made[0]['id']}"
+    # htmx restoring its history wants the whole page
+    restore = c.get("/payments", headers={**HX, "HX-History-Restore-Request": "true"})
+    assert "<nav" in restore.text
+    bad = c.get("/payments", headers=HX, created_from="soon")
+    assert bad.status_code == 400 and bad.headers["HX-Retarget"] == "#main"
+
+
+def test_htmx_bulk_actions_answer_as_without_script_and_a_refusal_replaces_main(signed_in, db):
+    a1 = alert(db)
+    c = signed_in()
+    page = c.get("/alerts")
+    assert 'hx-post="/alerts/ack"' in page.text and 'hx-select="#main"' in page.text
+    headers = {"HX-Request": "true", "HX-Target": "main"}
+    done = c.post("/alerts/ack", {"id": [str(a1)], "note": "n"}, headers=headers)
+    assert done.status_code == 303 and "done=" in done.headers["location"]  # htmx follows it and swaps #main
+    refused = c.post("/alerts/ack", {"note": "n"}, headers=headers)
+    assert refused.status_code == 409 and refused.headers["HX-Retarget"] == "#main"
+    assert '<main id="main">' in refused.text and "No alert chosen" in refused.text
+
+
 # -- escaping --------------------------------------------------------------
 
 def test_a_statement_line_and_a_webhook_url_containing_script_render_as_text(signed_in, db, merchant, monkeypatch):

@@ -41,9 +41,27 @@ def _render(app: ConsoleApp, req: falcon.Request, resp: falcon.Response, templat
         error=values.pop("error", None), **values)
 
 
+def _htmx_target(req: falcon.Request) -> str | None:
+    """The element htmx will swap (``HX-Target``), None for a plain request
+    or htmx restoring its history (which wants the whole page)."""
+    if not req.get_header("HX-Request") or req.get_header("HX-History-Restore-Request"):
+        return None
+    return req.get_header("HX-Target") or ""
+
+
+def _whole_main_for_htmx(req: falcon.Request, resp: falcon.Response) -> None:
+    """An error or refusal answering htmx replaces the page's ``#main``,
+    whatever the request targeted (its message must be seen)."""
+    if req.get_header("HX-Request"):
+        resp.set_header("HX-Retarget", "#main")
+        resp.set_header("HX-Reselect", "#main")
+        resp.set_header("HX-Reswap", "outerHTML")
+
+
 def error_page(app: ConsoleApp):
     """Falcon's error serializer: an HTML page with the error's title and description."""
     def serialize(req, resp, exc):
+        _whole_main_for_htmx(req, resp)
         resp.content_type = falcon.MEDIA_HTML
         resp.text = app.templates.get_template("error.html").render(
             nav=NAV, path=req.path, session=getattr(req.context, "session", None), csrf="",
@@ -234,7 +252,9 @@ def _time_value(value: datetime | None) -> str:
 class Payments:
     """``GET /payments``: the search box and the filters (status, rail,
     merchant, created from/to), newest first, keyset-paginated; one hit of
-    a search opens the payment."""
+    a search opens the payment. Asked by htmx for ``#results`` (the search
+    form, the next-page link), only the results are rendered; without
+    script the whole page is."""
 
     def __init__(self, app: ConsoleApp):
         self.app = app
@@ -271,13 +291,19 @@ class Payments:
             last = rows[-1]
             next_q = urlencode({k: v for k, v in {
                 **filters, "before": f"{last['created_at'].isoformat()}|{last['id']}"}.items() if v})
+        partial = _htmx_target(req) == "results"
         if q and len(rows) == 1 and not before:
+            if partial:  # htmx: a whole-page visit to the payment, not a swap
+                resp.set_header("HX-Redirect", f"/payments/{rows[0]['id']}")
+                resp.status, resp.text = falcon.HTTP_200, ""
+                return
             _redirect(f"/payments/{rows[0]['id']}")
         callbacks = None
         if q and not rows and not before:  # a callback may name a reference no charge has
             with self.app.vpay_db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 callbacks = cur.execute(Q["rail_callbacks_of_reference"], {"reference": q[:200]}).fetchone()
-        _render(self.app, req, resp, "payments.html", rows=rows, q=q or "", status=status or "",
+        _render(self.app, req, resp, "payments_results.html" if partial else "payments.html", rows=rows,
+                q=q or "", status=status or "",
                 rail=rail or "", merchant=merchant or "", created_from=filters["created_from"],
                 created_to=filters["created_to"], rails=RAILS, statuses=STATUSES, next_q=next_q,
                 callbacks=callbacks)
@@ -456,6 +482,7 @@ class Decide:
 
 def _refused(app, req, resp, message: str) -> None:
     """A refused action: 409 with the reason on an error page; nothing changed."""
+    _whole_main_for_htmx(req, resp)
     resp.status = falcon.HTTP_409
     resp.content_type = falcon.MEDIA_HTML
     resp.text = app.templates.get_template("error.html").render(
