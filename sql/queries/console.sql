@@ -304,15 +304,25 @@ ON CONFLICT (dedupe_key) DO UPDATE SET run_at = now(), failures = 0, attempts = 
 RETURNING id;
 
 -- name: console_lane_depth
--- Per lane: due now, leased, dead, and the oldest due job's age (seconds).
--- Through the claim and leased indexes; dead letters through jobs_dead.
+-- Per lane: due now (counted up to 10,001: the page says "over 10,000"),
+-- leased, dead, and the oldest due job's age (seconds). Due jobs through the
+-- claim's own indexes (jobs_claimable_lane for share round 0,
+-- jobs_over_share beyond), leased through jobs_leased, dead through jobs_dead.
 SELECT l.lane,
-       (SELECT count(*) FROM jobs j WHERE j.lane = l.lane AND j.run_at <= now() AND j.locked_at IS NULL)
-         AS due,
+       (SELECT count(*) FROM (SELECT 1 FROM jobs j
+                               WHERE j.lane = l.lane AND j.locked_at IS NULL AND j.run_at <> 'infinity'
+                                 AND j.share_round = 0 AND j.run_at <= now() LIMIT 10001) d0)
+       + (SELECT count(*) FROM (SELECT 1 FROM jobs j
+                                 WHERE j.lane = l.lane AND j.locked_at IS NULL AND j.run_at <> 'infinity'
+                                   AND j.share_round > 0 AND j.run_at <= now() LIMIT 10001) d1) AS due,
        (SELECT count(*) FROM jobs j WHERE j.lane = l.lane AND j.locked_at IS NOT NULL) AS leased,
        (SELECT count(*) FROM jobs j WHERE j.lane = l.lane AND j.run_at = 'infinity') AS dead,
-       (SELECT extract(epoch FROM now() - min(j.run_at))::float8 FROM jobs j
-         WHERE j.lane = l.lane AND j.run_at <= now() AND j.locked_at IS NULL) AS oldest_due_seconds
+       extract(epoch FROM now() - least(
+           (SELECT min(j.run_at) FROM jobs j WHERE j.lane = l.lane AND j.locked_at IS NULL
+               AND j.run_at <> 'infinity' AND j.share_round = 0 AND j.run_at <= now()),
+           (SELECT min(j.run_at) FROM jobs j WHERE j.lane = l.lane AND j.locked_at IS NULL
+               AND j.run_at <> 'infinity' AND j.share_round > 0 AND j.run_at <= now())))::float8
+         AS oldest_due_seconds
   FROM unnest(%(lanes)s::text[]) AS l(lane);
 
 -- name: console_sample_insert
@@ -327,6 +337,19 @@ SELECT sampled_at, lane, due, leased, dead, oldest_due_seconds
  WHERE sampled_at > now() - interval '24 hours'
  ORDER BY sampled_at, lane
  LIMIT 6000;
+
+-- name: console_charges_by_status
+-- The overview's payments by status, each counted up to 10,001 (the page
+-- says "over 10,000"): the live ones now (few, by the reconciler's design;
+-- a backlog costs at most the cap), the terminal ones settled in the last 24
+-- hours (through charges_settled, which carries the status); a count of
+-- every terminal charge ever would read the table whole.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM charges WHERE status = 'pending' LIMIT 10001) p) AS pending,
+       (SELECT count(*) FROM (SELECT 1 FROM charges WHERE status = 'unresolved' LIMIT 10001) u) AS unresolved,
+       (SELECT count(*) FROM (SELECT 1 FROM charges WHERE settled_at > now() - interval '24 hours'
+                                 AND status = 'succeeded' LIMIT 10001) s) AS succeeded,
+       (SELECT count(*) FROM (SELECT 1 FROM charges WHERE settled_at > now() - interval '24 hours'
+                                 AND status = 'failed' LIMIT 10001) f) AS failed;
 
 -- name: console_open_alerts_by_kind
 -- Through alerts_open_kind (open alerts only).

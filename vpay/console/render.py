@@ -53,4 +53,15 @@ def as_json(value: Any) -> str:
     return json.dumps(value, default=str, sort_keys=True)
 
 
-FILTERS = {"msisdn": msisdn, "money": money, "when": when, "age": age, "as_json": as_json}
+COUNT_CAP = 10_000
+"""Where the overview's counts stop (sql/queries/console.sql counts to one more)."""
+
+
+def capped(n: int | None) -> str:
+    """A count read up to ``COUNT_CAP + 1``: ``"over 10,000"`` past the cap."""
+    if n is None:
+        return "-"
+    return f"over {COUNT_CAP:,}" if n > COUNT_CAP else f"{n:,}"
+
+
+FILTERS = {"capped": capped, "msisdn": msisdn, "money": money, "when": when, "age": age, "as_json": as_json}
