@@ -61,10 +61,17 @@ RETURNING id, merchant_id, url, enabled, enabled_events, description, created_at
 
 -- name: webhook_endpoint_lock_merchant
 -- Taken before counting a merchant's endpoints, so that two concurrent
--- registrations cannot both pass the per-merchant limit.
-SELECT (SELECT count(*) FROM webhook_endpoints WHERE merchant_id = m.id) AS endpoints
-  FROM merchants m WHERE m.id = %(merchant_id)s
-   FOR UPDATE;
+-- registrations cannot both pass the per-merchant limit. The count is its own
+-- statement (webhook_endpoint_count): a count in this one would read the
+-- snapshot taken before the lock was granted, and miss the endpoint the
+-- registration that held the lock just committed.
+SELECT m.id FROM merchants m WHERE m.id = %(merchant_id)s FOR UPDATE;
+
+-- name: webhook_endpoint_count
+-- A merchant's endpoints, read after webhook_endpoint_lock_merchant (a fresh
+-- snapshot under READ COMMITTED: every registration that held the lock
+-- before us is counted).
+SELECT count(*) AS endpoints FROM webhook_endpoints WHERE merchant_id = %(merchant_id)s;
 
 -- name: webhook_endpoint_get
 -- One endpoint of one merchant, never its secret.

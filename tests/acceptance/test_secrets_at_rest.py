@@ -142,7 +142,7 @@ def test_rail_credentials_and_the_keys_from_a_credentials_directory(db_url, tmp_
     env["CREDENTIALS_DIRECTORY"] = str(creds)
     worker = spawn("vpay-worker", "--worker-concurrency", "1", env=env)
     worker.wait_for_log("worker started", timeout=30)
-    assert not worker.find("no rail is configured (VPAY_MTN_*, VPAY_ORANGE_*): payment jobs will wait")
+    assert not [l for l in worker.lines() if l.get("message", "").startswith("no rail is configured")]
     api = spawn("vpay-server", "api", "--bind", f"127.0.0.1:{port}", "--workers", "1", env=env)
     import requests
 

@@ -193,3 +193,60 @@ def test_a_cursor_row_inserted_in_the_same_microsecond_is_kept_apart_by_id(clien
     db.execute("UPDATE payment_intents SET created_at = now() - interval '1 hour'")
     assert sorted(_walk(client, key, "/v1/payment_intents", limit=1)) == sorted(ids)
     assert _walk(client, key, "/v1/payment_intents", limit=1) == sorted(ids, reverse=True)
+
+
+# ---- found by the fresh-clone review ------------------------------------------
+
+
+def test_the_endpoint_limit_holds_under_concurrent_registrations(db, db_url):
+    # The count used to be read in the locking statement, from the snapshot
+    # taken before the lock was granted: 20 parallel POSTs left 18 endpoints
+    # under a limit of 16.
+    import threading
+
+    import psycopg
+
+    from vpay.money.merchants import create_merchant
+    from vpay.webhooks import endpoints
+    create_merchant(db, "m_race", "Race")
+    limit, tries = 3, 8
+    outcomes: list[str] = []
+    start = threading.Barrier(tries)
+
+    def register(n: int) -> None:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            start.wait(timeout=10)
+            try:
+                endpoints.add_endpoint(conn, "m_race", f"http://127.0.0.1:9/{n}", permit_private=True,
+                                       limit=limit)
+                outcomes.append("made")
+            except endpoints.EndpointLimitReached:
+                outcomes.append("refused")
+
+    threads = [threading.Thread(target=register, args=(n,)) for n in range(tries)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes) == ["made"] * limit + ["refused"] * (tries - limit)
+    assert db.execute("SELECT count(*) FROM webhook_endpoints WHERE merchant_id = 'm_race'").fetchone()[0] == limit
+
+
+def test_a_process_whose_keys_open_no_stored_secret_stores_none(db, monkeypatch):
+    # An API started with other keys than the workers' sealed new secrets the
+    # workers could not open (and a worker then refused to boot): now the
+    # write is refused and nothing is stored.
+    import pytest
+
+    from vpay.base import secretbox
+    from vpay.money.merchants import create_merchant
+    from vpay.webhooks import endpoints
+    create_merchant(db, "m_keys", "Keys")
+    first = endpoints.add_endpoint(db, "m_keys", "http://127.0.0.1:9/a", permit_private=True)
+    before = db.execute("SELECT id, secret FROM webhook_endpoints ORDER BY id").fetchall()
+    monkeypatch.setenv("VPAY_SECRET_KEYS", secretbox.new_key())
+    with pytest.raises(secretbox.WrongKey):
+        endpoints.add_endpoint(db, "m_keys", "http://127.0.0.1:9/b", permit_private=True)
+    with pytest.raises(secretbox.WrongKey):
+        endpoints.rotate_secret(db, first["id"], 0)
+    assert db.execute("SELECT id, secret FROM webhook_endpoints ORDER BY id").fetchall() == before

@@ -162,3 +162,12 @@ def test_an_excel_workbook_is_read_like_its_csv(tmp_path):
         (1050, None), (1500, None), (None, "unreadable amount '10.499999999' for EUR")]
     with pytest.raises(BadFile, match="not a readable .xlsx"):
         reader.read(path.read_bytes()[:2000])  # a truncated download
+
+
+def test_the_imports_table_prints_its_period_as_every_table_prints_times():
+    # found by the fresh-clone review: the period printed microseconds and an offset
+    from vpay.statements.report import render
+    text = render({"statement": "st_1", "rail": "mtn", "lines": 1, "summary": {}, "exceptions": [],
+                   "period": {"start": "2026-12-04T17:00:02+00:00", "end": "2026-12-04T19:00:02.999999+02:00",
+                              "source": "lines"}})
+    assert "period 2026-12-04T17:00:02Z .. 2026-12-04T17:00:02Z (lines)" in text

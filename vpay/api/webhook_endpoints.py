@@ -21,13 +21,27 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+import logging
+
 import falcon
 
-from vpay.api.errors import invalid, not_found
+from vpay.api.errors import API_ERROR, ApiError, invalid, not_found
+from vpay.base.db import ConfigError
 from vpay.api.events import EVENT_TYPES
 from vpay.api.wire import MAX_BODY_BYTES, answer, read_body
 from vpay.webhooks import endpoints
 from vpay.webhooks.policy import MAX_URL_LENGTH, UrlRefused
+
+log = logging.getLogger("vpay.api")
+
+
+def _cannot_seal(exc: ConfigError) -> ApiError:
+    """503: this process cannot seal a webhook secret the workers could open
+    (no ``VPAY_SECRET_KEYS``, or keys that open none of the stored secrets).
+    Logged at error for the operator; the merchant's request wrote nothing."""
+    log.error("webhook secret not stored: this API's keys are wrong", extra={"error": str(exc)[:300]})
+    return ApiError(503, API_ERROR, "service_misconfigured",
+                    "Webhook endpoints cannot be changed right now; nothing was changed. Retry later.")
 
 ENDPOINT_ID = re.compile(r"^we_[A-Za-z0-9]{1,64}$")
 FIELDS = ("url", "enabled_events", "description")
@@ -117,6 +131,8 @@ class EndpointsResource:
         except UrlRefused as exc:
             raise invalid("url_refused", f"This URL may not receive webhooks: {exc}", "url",
                           status=422) from None
+        except ConfigError as exc:
+            raise _cannot_seal(exc) from None
         except endpoints.EndpointLimitReached:
             raise invalid("webhook_endpoint_limit", "You have the most webhook endpoints allowed "
                           f"({endpoints.MAX_ENDPOINTS_PER_MERCHANT}); delete one first.",
@@ -183,9 +199,12 @@ class RotateSecretResource:
                           f"{MAX_OVERLAP_SECONDS}.", "overlap_seconds", status=422)
         row = None
         if ENDPOINT_ID.match(endpoint_id):
-            with self.db.connection() as conn:
-                row = endpoints.rotate_secret(conn, endpoint_id, float(overlap),
-                                              merchant_id=req.context.merchant_id)
+            try:
+                with self.db.connection() as conn:
+                    row = endpoints.rotate_secret(conn, endpoint_id, float(overlap),
+                                                  merchant_id=req.context.merchant_id)
+            except ConfigError as exc:
+                raise _cannot_seal(exc) from None
         if row is None:
             raise not_found("No such webhook_endpoint.", "id")
         answer(resp, 200, endpoint_body(row))

@@ -71,7 +71,7 @@ def api(bind: str, workers: int, threads: int, timeout: float) -> None:
     (bearer) and VPAY_API_METRICS_BIND (HOST:PORT of its own).
 
     Refuses to start (exit 78) on a configuration that cannot work: no rail of
-    vpay.rails.KNOWN_RAILS configured (VPAY_MTN_*, VPAY_ORANGE_*), no
+    vpay.rails.KNOWN_RAILS configured (VPAY_MTN_*, VPAY_ORANGE_*, VPAY_MPESA_*, VPAY_PAWAPAY_*), no
     VPAY_SECRET_KEYS (the webhook endpoint routes seal new secrets), bad
     settings, or --threads above the pool size. Each rail that is not
     configured is logged at warning; its callbacks answer 404 and its payments

@@ -111,7 +111,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     except (ConfigError, RailError) as exc:
         refuse(str(exc))
     if not rails:
-        log.warning("no rail is configured (VPAY_MTN_*, VPAY_ORANGE_*): payment jobs will wait")
+        log.warning("no rail is configured (VPAY_MTN_*, VPAY_ORANGE_*, VPAY_MPESA_*, VPAY_PAWAPAY_*): payment jobs will wait")
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     collector = _serve_metrics(metrics_port, metrics_bind)
     import psycopg

@@ -54,11 +54,16 @@ def _money(amount: int | None, currency: str | None) -> str:
     return f"{minor_to_major_string(amount, currency)}"
 
 
+def _when(value, format_time) -> str:
+    """A period bound as the tables print times (whole seconds, UTC), or ``-``."""
+    return format_time(value) if value else "-"
+
+
 def render(report: dict[str, Any]) -> str:
     """The summary table and the exceptions, for a terminal: every text the
     statement (or the rail, or a merchant) wrote is escaped
     (``cli.output.safe_text``), so no field can drive the terminal."""
-    from vpay.cli.output import safe_text
+    from vpay.cli.output import format_time, safe_text
     period = report.get("period") or {}
     head = report.get("statement") or "(not recorded)"
     mode = ("already imported: nothing done" if report.get("already_imported")
@@ -68,7 +73,7 @@ def render(report: dict[str, Any]) -> str:
     if report.get("interrupted"):
         mode += f"; {report['interrupted']} was interrupted: --apply finishes it"
     out = [f"statement {head}  rail {report['rail']}  lines {report['lines']}  "
-           f"period {period.get('start') or '-'} .. {period.get('end') or '-'}"
+           f"period {_when(period.get('start'), format_time)} .. {_when(period.get('end'), format_time)}"
            f"{' (' + period['source'] + ')' if period.get('source') else ''}  [{mode}]", ""]
     out.append(f"{'outcome':<26} {'count':>7}  amounts")
     for outcome, entry in report["summary"].items():

@@ -17,6 +17,7 @@ from vpay.base import secretbox
 from vpay.base.queries import Q
 from vpay.money.ids import new_id
 from vpay.webhooks.policy import allow_private, check_url
+from vpay.webhooks.sealing import check_keys
 from vpay.webhooks.signing import new_secret
 
 log = logging.getLogger("vpay.webhooks.endpoints")
@@ -51,11 +52,11 @@ def add_endpoint(conn: psycopg.Connection, merchant_id: str, url: str, *,
     allowed = allow_private() if permit_private is None else permit_private
     check_url(url, allow_private=allowed, resolver=resolver)
     secret = new_secret()
-    sealed = secretbox.default().seal(secret)
+    sealed = _sealer(conn).seal(secret)
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        held = cur.execute(Q["webhook_endpoint_lock_merchant"], {"merchant_id": merchant_id}).fetchone()
-        if held is None:
+        if cur.execute(Q["webhook_endpoint_lock_merchant"], {"merchant_id": merchant_id}).fetchone() is None:
             raise LookupError(f"unknown merchant {merchant_id!r}")
+        held = cur.execute(Q["webhook_endpoint_count"], {"merchant_id": merchant_id}).fetchone()
         if limit is not None and held["endpoints"] >= limit:
             raise EndpointLimitReached(f"merchant {merchant_id} has {held['endpoints']} webhook "
                                        f"endpoints; the limit is {limit}")
@@ -65,6 +66,17 @@ def add_endpoint(conn: psycopg.Connection, merchant_id: str, url: str, *,
     log.info("webhook endpoint added", extra={"endpoint_id": row["id"], "merchant_id": merchant_id,
                                               "host": urlsplit(url).hostname})
     return dict(row) | {"secret": secret}
+
+
+def _sealer(conn: psycopg.Connection) -> secretbox.SecretBox:
+    """The box a new secret is sealed with, once it has opened the newest
+    stored secret (``sealing.check_keys``): a process started with other
+    keys than the workers' would otherwise store secrets no worker can open
+    (found by the fresh-clone review). Raises ``ConfigError`` (no keys) or
+    ``secretbox.WrongKey``; nothing is written."""
+    box = secretbox.default()
+    check_keys(conn, box)
+    return box
 
 
 def list_endpoints(conn: psycopg.Connection, merchant_id: str | None = None) -> list[dict[str, Any]]:
@@ -165,7 +177,7 @@ def rotate_secret(conn: psycopg.Connection, endpoint_id: str,
     if overlap_seconds < 0:
         raise ValueError("overlap_seconds must be >= 0")
     secret = new_secret()
-    sealed = secretbox.default().seal(secret)
+    sealed = _sealer(conn).seal(secret)
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q["webhook_endpoint_rotate_secret"], {
             "id": endpoint_id, "secret": sealed, "overlap": float(overlap_seconds),
