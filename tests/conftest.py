@@ -76,6 +76,19 @@ def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
+WORKERS_PER_CORE = 2
+"""``pytest -n auto`` starts this many xdist workers per core. Most of the
+acceptance ring's time is spent waiting on real processes and timers (the
+poll ladder's first rung, lease expiry, drains), not on the CPU: with one
+worker per core the 2-core CI box idled at a load near 1.5 (docs/testing.md)."""
+
+
+def pytest_xdist_auto_num_workers(config):
+    """How many workers ``-n auto`` means (pytest-xdist's hook):
+    ``WORKERS_PER_CORE`` per core, each with its own database."""
+    return WORKERS_PER_CORE * (os.cpu_count() or 1)
+
+
 def pytest_configure(config):
     """Once per run, in the controller (or the only process), before any
     test: remove the embedded servers earlier runs left when they were

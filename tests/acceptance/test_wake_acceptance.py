@@ -37,9 +37,13 @@ def _settled(db) -> bool:
     return boot == 2 and busy == 0
 
 
-def _listener_pid(db):
+def _listener_pid(db, worker_id: str | None = None):
+    """The backend pid of a worker's wake-up listener (of ``worker_id``'s when
+    given: another process's listener on this database, e.g. one an earlier
+    test left behind, must not be taken for it)."""
+    name = f"vpay-listener {worker_id}" if worker_id else "vpay-listener%"
     row = db.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                     "AND application_name LIKE 'vpay-listener%%'").fetchone()
+                     "AND application_name LIKE %s", (name,)).fetchone()
     return row[0] if row else None
 
 
@@ -67,11 +71,12 @@ def test_a_job_due_later_is_claimed_when_due_not_after_the_idle_sleep(db, db_url
 
 
 def test_the_listener_reconnects_after_its_backend_is_terminated_and_still_wakes(db, db_url, spawn):
-    worker = _worker(spawn, db_url)
+    worker = _worker(spawn, db_url, "--worker-id", "wake-reconnect")
     worker.wait_for_log("worker started")
-    first = wait_until(lambda: _listener_pid(db), timeout=60, what="the listener")
+    first = wait_until(lambda: _listener_pid(db, "wake-reconnect"), timeout=60, what="the listener")
     assert db.execute("SELECT pg_terminate_backend(%s)", (first,)).fetchone()[0]
-    wait_until(lambda: (_listener_pid(db) or first) != first, timeout=30, what="a new listener session")
+    wait_until(lambda: (_listener_pid(db, "wake-reconnect") or first) != first, timeout=30,
+               what="a new listener session")
     worker.wait_for_log("listener reconnected")
     wait_until(lambda: _settled(db), timeout=60, what="an idle worker")
     queue.enqueue(db, "test.noop", "wake:after-reconnect")
