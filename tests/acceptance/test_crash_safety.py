@@ -272,7 +272,9 @@ def test_sweep_expired_reaps_a_strand(db, db_url, spawn):
     db.execute("UPDATE jobs SET run_at = now() WHERE dedupe_key = 'sweep:expired'")
     wait_until(lambda: _executed(db, "count:stranded") == 1, timeout=30,
                what="sweep:expired to free the strand")
-    sweeps = worker.find("sweep")
+    # The freed job can run on another loop before the sweep's own log line
+    # is written: wait for the line rather than read it at once.
+    sweeps = wait_until(lambda: worker.find("sweep"), timeout=30, what="the sweep's log line")
     assert [s["reaped"] for s in sweeps] == [1]
     assert [l["dedupe_key"] for l in worker.find("lease reaped")] == []  # not the boot or timer reaper
     row = db.execute("SELECT locked_at IS NULL, run_at > now() + interval '50 minutes', attempts "
