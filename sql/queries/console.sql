@@ -444,3 +444,10 @@ SELECT a.details->>'rail' AS rail, a.details->>'code' AS code, count(*) AS n, ma
 -- name: console_disabled_endpoints
 SELECT id, merchant_id, url, disabled_at, disabled_reason
   FROM webhook_endpoints WHERE NOT enabled ORDER BY disabled_at DESC NULLS LAST LIMIT 20;
+
+-- name: console_samples_prune
+-- The overview's retention: lane samples and minute figures older than two
+-- days (docs/console.md, "Retention"); one statement so a sample is one
+-- transaction of three statements.
+WITH s AS (DELETE FROM console_samples WHERE sampled_at < now() - interval '2 days')
+DELETE FROM console_figures WHERE sampled_at < now() - interval '2 days';

@@ -550,3 +550,17 @@ def test_the_cli_actions_are_audited_with_the_os_user(db):
     job = dead_letter(db)
     op.retry(db, [job], "from the shell", os_actor())
     assert db.execute("SELECT actor, via, action FROM operator_actions").fetchone() == (os_actor(), "cli", "jobs.retry")
+
+
+def test_a_sample_prunes_samples_and_figures_older_than_two_days(db):
+    from vpay.money import overview
+    for age in ("47 hours", "49 hours"):
+        db.execute("INSERT INTO console_samples (sampled_at, lane, due, leased, dead, oldest_due_seconds) "
+                   "VALUES (now() - %s::interval, 'mtn', 0, 0, 0, 0)", (age,))
+        db.execute("INSERT INTO console_figures (sampled_at, polls_due, settled, workers) "
+                   "VALUES (now() - %s::interval, 0, 0, 0)", (age,))
+    overview.sample(db)
+    for table in ("console_samples", "console_figures"):
+        ages = db.execute(f"SELECT round(extract(epoch FROM now() - sampled_at) / 3600) FROM {table} "
+                          "WHERE sampled_at < now() - interval '1 hour'").fetchall()
+        assert ages == [(47,)], table

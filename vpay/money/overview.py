@@ -45,8 +45,7 @@ def sample(conn: psycopg.Connection) -> int:
     with conn.transaction():
         conn.execute(Q["console_sample_insert"], {"rows": Jsonb(rows)})
         conn.execute(Q["console_figures_insert"], {"poll_kinds": sorted(POLL_KINDS), "workers": alive})
-        conn.execute("DELETE FROM console_samples WHERE sampled_at < now() - interval '2 days'")
-        conn.execute("DELETE FROM console_figures WHERE sampled_at < now() - interval '2 days'")
+        conn.execute(Q["console_samples_prune"])
     return len(rows)
 
 
