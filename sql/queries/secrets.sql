@@ -26,5 +26,6 @@ SELECT count(*)
  WHERE secret NOT LIKE 'fernet:%%' OR previous_secret NOT LIKE 'fernet:%%';
 
 -- name: secrets_sample
--- One stored sealed secret, to check at boot that the keys open it.
-SELECT secret FROM webhook_endpoints WHERE secret LIKE 'fernet:%%' ORDER BY created_at DESC LIMIT 1;
+-- The newest stored sealed secrets (at most %(n)s), to check at boot that
+-- the keys open them.
+SELECT id, secret FROM webhook_endpoints WHERE secret LIKE 'fernet:%%' ORDER BY created_at DESC LIMIT %(n)s;

@@ -132,3 +132,14 @@ def test_the_boot_check_refuses_keys_that_open_nothing_stored(db, monkeypatch):
     sealing.check_keys(db, secretbox.default())
     with pytest.raises(WrongKey):
         sealing.check_keys(db, SecretBox((new_key(),)))
+
+
+def test_one_row_sealed_under_a_dropped_key_is_named_not_a_refusal_to_boot(db):
+    good = _endpoints(db, 2)
+    stray = SecretBox((new_key(),)).seal("whsec_stray")
+    db.execute("UPDATE webhook_endpoints SET secret = %s, created_at = now() + interval '1 minute' "
+               "WHERE id = %s", (stray, good[0]["id"]))  # the newest row: the old check read only it
+    assert sealing.check_keys(db, secretbox.default()) == [good[0]["id"]]
+    db.execute("UPDATE webhook_endpoints SET secret = %s WHERE id = %s", (stray, good[1]["id"]))
+    with pytest.raises(WrongKey):  # none of the rows opens: the keys are wrong, refused
+        sealing.check_keys(db, secretbox.default())

@@ -141,10 +141,14 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     from vpay.webhooks.sealing import check_keys, plaintext_count
     with pool.connection() as conn:
         try:
-            check_keys(conn, box)  # wrong keys: refused here, not at every delivery
+            unopened = check_keys(conn, box)  # wrong keys: refused here, not at every delivery
         except ConfigError as exc:
             pool.close()
             refuse(str(exc))
+        if unopened:
+            log.warning("webhook secrets that no configured key opens: these endpoints' deliveries "
+                        "will fail until re-sealed (`vpay-server secrets rotate` with the old key "
+                        "back) or rotated by the merchant", extra={"endpoints": unopened})
         if plaintext := plaintext_count(conn):
             log.warning("webhook secrets stored in plaintext: run `vpay-server secrets rotate`",
                         extra={"endpoints": plaintext})

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from vpay.base.queries import Q
-from vpay.base.secretbox import SecretBox, is_sealed
+from vpay.base.secretbox import SecretBox, WrongKey, is_sealed
 
 log = logging.getLogger("vpay.webhooks.sealing")
 
@@ -70,10 +70,28 @@ def plaintext_count(conn: psycopg.Connection) -> int:
     return conn.execute(Q["secrets_plaintext_count"], {}).fetchone()[0]
 
 
-def check_keys(conn: psycopg.Connection, box: SecretBox) -> None:
-    """Raise ``WrongKey`` (one line, exit 78) when the newest stored sealed
-    secret opens with none of ``box``'s keys: a process started with the
-    wrong keys refuses to boot instead of failing every delivery."""
-    row = conn.execute(Q["secrets_sample"], {}).fetchone()
-    if row is not None:
-        box.open(row[0])
+KEY_CHECK_SAMPLE = 20
+"""How many of the newest sealed secrets the boot check tries to open."""
+
+
+def check_keys(conn: psycopg.Connection, box: SecretBox) -> list[str]:
+    """Try ``box`` on the ``KEY_CHECK_SAMPLE`` newest sealed secrets. Raise
+    ``WrongKey`` (one line, exit 78) when none of them opens: a process
+    started with the wrong keys refuses to boot instead of failing every
+    delivery. When some open and some do not (one row sealed under a key
+    since dropped), answer the ids of those that do not: the caller warns,
+    and the money engine is not stopped by one endpoint's secret (only that
+    endpoint's deliveries fail). Answers ``[]`` when every one opens or
+    nothing is stored."""
+    rows = conn.execute(Q["secrets_sample"], {"n": KEY_CHECK_SAMPLE}).fetchall()
+    unopened: list[str] = []
+    first_error: WrongKey | None = None
+    for endpoint_id, sealed in rows:
+        try:
+            box.open(sealed)
+        except WrongKey as exc:
+            unopened.append(endpoint_id)
+            first_error = first_error or exc
+    if rows and len(unopened) == len(rows):
+        raise first_error
+    return unopened
