@@ -227,6 +227,22 @@ def test_a_period_column_or_the_operators_period_is_the_statements_period(db, db
     assert given["period"]["source"] == "given" and _outcomes(given)["missing_from_statement"] == 1
 
 
+
+def test_a_completed_import_given_another_period_is_refused_not_silently_ignored(db, db_url, merchant, tmp_path):
+    listed = _settled(db, merchant, 1, NOW - timedelta(hours=5))
+    path = _csv(tmp_path, [_line(c) for c in listed])
+    start, end = (NOW - timedelta(days=1)).date().isoformat(), NOW.date().isoformat()
+    first = _report(_import(db_url, path, "--apply", "--json", "--period-start", start, "--period-end", end))
+    assert first["period"]["source"] == "given"
+    same = _report(_import(db_url, path, "--apply", "--json", "--period-start", start, "--period-end", end))
+    assert same["already_imported"] is True
+    assert _report(_import(db_url, path, "--apply", "--json"))["already_imported"] is True  # no period: the stored one
+    other = _import(db_url, path, "--apply", "--period-start", (NOW - timedelta(days=2)).date().isoformat(),
+                    "--period-end", end)
+    assert other.returncode == 1 and len(_said(other)) == 1
+    assert "imported already" in _said(other)[0] and "nothing done" in _said(other)[0]
+
+
 # ---- 6. concurrent imports, truthful database errors -----------------------------------------------
 
 

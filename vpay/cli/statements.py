@@ -74,7 +74,7 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
                                           apply=apply, lag_seconds=lag, period=period)
         except BadFile as exc:
             raise Refused(f"{file.name}: {exc}") from None
-        except importer.Busy as exc:
+        except (importer.Busy, importer.PeriodConflict) as exc:
             raise Refused(str(exc)) from None
     if exceptions_csv is not None:
         exceptions_csv.write_bytes(report.exceptions_csv(result))

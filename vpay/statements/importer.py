@@ -65,18 +65,40 @@ class Busy(RuntimeError):
     """Another ``--apply`` for the same rail is running; nothing was done."""
 
 
+class PeriodConflict(RuntimeError):
+    """The file was imported already, over another period than the one now
+    given; nothing was done (a completed import is never re-judged: its
+    outcomes may have moved money)."""
+
+
+def _check_period(found: dict[str, Any], period: tuple[datetime, datetime] | None) -> None:
+    """Raise ``PeriodConflict`` when ``period`` is given and is not the
+    period the completed import ``found`` recorded."""
+    if period is None:
+        return
+    stored = (found["report"].get("period") or {})
+    given = {"start": _iso(period[0]), "end": _iso(period[1])}
+    if (stored.get("start"), stored.get("end")) != (given["start"], given["end"]):
+        raise PeriodConflict(
+            f"this file was imported already (statement {found['id']}) over the period "
+            f"{stored.get('start')} to {stored.get('end')}, not {given['start']} to {given['end']}: "
+            "nothing done")
+
+
 def run(conn: psycopg.Connection, raw: RawStatement | bytes, *, rail: str, profile: Profile, file_name: str,
         apply: bool = False, lag_seconds: float = LAG_SECONDS,
         period: tuple[datetime, datetime] | None = None) -> dict[str, Any]:
     """Import one statement (``reader.read_path``'s answer, or its bytes);
     answer the report (see ``report``). Raises ``reader.BadFile`` for a file
     that cannot be a statement or a period that cannot be trusted
-    (``matcher.BadPeriod``; nothing written), ``Busy``."""
+    (``matcher.BadPeriod``; nothing written), ``Busy``, and
+    ``PeriodConflict`` for a completed file given another period."""
     if isinstance(raw, (bytes, bytearray)):
         raw = read(bytes(raw))
     columns = resolve(profile, raw.header)  # before a line is read: a wrong file is refused at once
     found = _earlier(conn, rail, raw.sha256)
     if found and found["completed"]:
+        _check_period(found, period)
         return found["report"]
     try:
         # the lines are spooled to the session's temporary tables as they are read and judged there
@@ -95,6 +117,7 @@ def run(conn: psycopg.Connection, raw: RawStatement | bytes, *, rail: str, profi
         try:
             found = _earlier(conn, rail, raw.sha256)  # finished or begun while we waited
             if found and found["completed"]:
+                _check_period(found, period)
                 return found["report"]
             statement_id = found["id"] if found else _record(conn, meta, judged)
             _drop(conn)  # recorded: the batches read statement_lines
