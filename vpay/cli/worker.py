@@ -133,6 +133,9 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         collector.pool = pool
     from vpay.rails.calls import database_recorder, set_recorder
     set_recorder(database_recorder(pool))  # rail_calls: the console's payment timelines
+    from vpay.rails.gate import share_pauses
+    from vpay.rails.pauses import DatabasePauses
+    share_pauses(DatabasePauses(pool, wid))  # a rail's 429/503 pause holds fleet-wide (rail_pauses)
     handler_ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
     config = WorkerConfig(worker_id=wid, concurrency=worker_concurrency,
                           shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,
