@@ -410,13 +410,14 @@ SELECT coalesce(l.worker_id, h.worker_id) AS worker_id, l.listening_since,
  LIMIT 100;
 
 -- name: console_rails_paused
--- Pauses still in force (a 429/503 with Retry-After; through
--- rail_calls_paused): per rail the longest, with what the rail answered.
-SELECT DISTINCT ON (r.rail) r.rail, r.operation, r.http_status, r.reason, r.paused_until, r.created_at,
-       (SELECT count(*) FROM rail_calls x WHERE x.paused_until > now() AND x.rail = r.rail) AS pauses
-  FROM rail_calls r
- WHERE r.paused_until > now()
- ORDER BY r.rail, r.paused_until DESC;
+-- Pauses in force as every process honours them (rail_pauses: one row per
+-- rail), with how many 429/503 answers asked for a pause still in force
+-- (rail_calls, through rail_calls_paused).
+SELECT p.rail, p.paused_until, p.reason, p.set_by, p.set_at,
+       (SELECT count(*) FROM rail_calls x WHERE x.paused_until > now() AND x.rail = p.rail) AS pauses
+  FROM rail_pauses p
+ WHERE p.paused_until > now()
+ ORDER BY p.rail;
 
 -- name: console_rail_health
 -- The last 15 minutes per rail (through rail_calls_created): calls, answers

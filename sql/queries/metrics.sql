@@ -18,4 +18,8 @@ SELECT 'alerts_open', kind, NULL, count(*) FROM alerts WHERE acknowledged_at IS 
 UNION ALL
 SELECT 'charges', status, NULL, count(*) FROM charges GROUP BY status
 UNION ALL
-SELECT 'webhook_endpoints_disabled', NULL, NULL, count(*) FROM webhook_endpoints WHERE NOT enabled;
+SELECT 'webhook_endpoints_disabled', NULL, NULL, count(*) FROM webhook_endpoints WHERE NOT enabled
+UNION ALL
+-- Seconds left of each rail's fleet-wide pause (rail_pauses: one row per rail).
+SELECT 'rail_paused_seconds', rail, NULL, greatest(extract(epoch FROM paused_until - now()), 0)::float8
+  FROM rail_pauses;

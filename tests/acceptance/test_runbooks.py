@@ -276,3 +276,29 @@ def test_the_retention_dry_run_counts_what_would_go(db, stack, spawn):
     assert table == [["TABLE", "WOULD_DELETE"], ["webhook_deliveries", "0"], ["events", "2"], ["alerts", "0"],
                      ["dead_letters", "0"]]
     assert db.execute("SELECT count(*) FROM events").fetchone() == (2,)
+
+
+def test_a_rail_paused_by_a_429_is_shown_with_why_and_by_whom(db, stack, spawn):
+    # The rail answers a status read 429 with Retry-After (a MoMo-shaped stub
+    # that throttles: tests/rail_stub.py); the worker reads it.
+    from api_support import make_payment
+    from rail_stub import MomoStub
+    from vpay.money import charges
+    env = operator_env(stack)
+    rail = MomoStub()
+    try:
+        charge = make_payment(db, payer="256770000401")
+        charges.mark_submitted(db, charge["id"])
+        rail.throttle(charge["rail_reference"], "120")
+        worker = start_worker(spawn, stack, "--worker-id", "replica-1", **rail.env())
+        worker.wait_for_log("rail paused", rail="mtn", timeout=60)
+        wait_until(lambda: db.execute("SELECT count(*) FROM rail_calls WHERE answer = 'paused'").fetchone()[0],
+                   what="the answer recorded")
+        listed, answers = section("worker-queue.md", "A paused rail")
+        rows = {line.split()[0]: line.split() for line in run_block(*listed, env).stdout.splitlines()[1:]}
+        assert rows["mtn"][1:3] == ["yes", "yes"] and "replica-1" in rows["mtn"]
+        assert rows["orange"][2] == "no"
+        out = run_block(*answers, env).stdout
+        assert "429" in out and "HTTP 429 with Retry-After" in out
+    finally:
+        rail.close()

@@ -10,6 +10,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from api_support import free_port
+from pg_relay import BlackholeRelay
 from support import base_env, wait_until
 from vpay.engine import queue
 
@@ -108,3 +113,56 @@ def test_no_more_than_two_round_trips_per_no_op_job_with_a_real_worker(db, db_ur
         assert proxy.by_statement()[""] < n / 10, proxy.by_statement().most_common(6)
     finally:
         proxy.stop()
+
+
+def _reconnects(port: int, cause: str) -> float:
+    """``vpay_listener_reconnects_total{cause}`` scraped from the worker."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "vpay_listener_reconnects_total" and sample.labels.get("cause") == cause)
+
+
+def test_a_listener_whose_traffic_is_silently_dropped_is_replaced_within_the_bound_and_wakes_again(
+        db, db_url, spawn):
+    # Issue 25, item 5: a NAT or a firewall drops the wake-up connection and
+    # the socket stays open. Here a relay between the worker and Postgres
+    # stops forwarding the listener's connection (both sockets stay open and
+    # read: no FIN, no RST, every byte acknowledged). The worker's other
+    # connections go through the same relay and keep working. Before: the
+    # listener waited on the silent socket for ever (its 30 s ping blocked
+    # with it), nothing was logged, and every claim waited for the idle
+    # sleep. The idle sleep here is 10 minutes (loops sleep 5 to 10): only a
+    # wake-up claims the last job within the deadline.
+    relay = BlackholeRelay(db_url)
+    port = free_port()
+    try:
+        worker = spawn("vpay-worker", "--idle-sleep", "600", "--worker-id", "wake-silent",
+                       "--metrics-port", str(port),
+                       env=base_env(relay.url, VPAY_TEST_HANDLERS="1", VPAY_LISTENER_DEAD_AFTER_SECONDS="10"))
+        started = worker.wait_for_log("worker started")
+        assert started["listener_dead_after_seconds"] == 10
+        wait_until(lambda: _listener_pid(db, "wake-silent"), timeout=60, what="the listener")
+        wait_until(lambda: _settled(db), timeout=60, what="an idle worker")
+        assert relay.blackhole(b"vpay-listener") == 1
+
+        # Found by its ping's own deadline, logged once, replaced, counted.
+        replaced = worker.wait_for_log("listener unresponsive; replacing it", timeout=60)
+        assert replaced["dead_after_seconds"] == 10 and replaced["level"] == "WARNING"
+        worker.wait_for_log("listener reconnected", timeout=60, cause="unresponsive")
+        wait_until(lambda: _reconnects(port, "unresponsive") == 1, timeout=30, what="the reconnect counted")
+        assert len(worker.find("listener unresponsive; replacing it")) == 1
+        # a new session: the silent one is still open on the server (the relay holds it)
+        wait_until(lambda: _listener_pids(db, "wake-silent") == 2, timeout=30, what="a new listener session")
+
+        wait_until(lambda: _settled(db), timeout=60, what="an idle worker")
+        queue.enqueue(db, "test.noop", "wake:after-silence")
+        wait_until(lambda: _gone(db, "wake:after-silence"), timeout=60,
+                   what="the job to be claimed through the new listener (a wake-up, not the 5-10 min sleep)")
+        assert worker.popen.poll() is None
+    finally:
+        relay.close()
+
+
+def _listener_pids(db, worker_id: str) -> int:
+    return db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                      "AND application_name = %s", (f"vpay-listener {worker_id}",)).fetchone()[0]

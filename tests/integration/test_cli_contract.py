@@ -81,6 +81,7 @@ CASES: dict[tuple[str, ...], Case] = {
                                   "256770000001"), env=RAIL),
     ("payments", "show"): Case(("ch_x",), ("ch_nope",), "any text is an id (an unknown one: 1)"),
     ("prune",): Case(("--older-than", "30d", "--dry-run"), "takes no id", ("--older-than", "24")),
+    ("rails", "list"): Case(),
     ("refunds", "create"): Case(("--charge", "ch_x"), ("--charge", "ch_nope"), ("--charge", "ch_x", "--amount", "-5")),
     ("refunds", "show"): Case(("re_x",), ("re_nope",), "any text is an id (an unknown one: 1)"),
     ("sandbox-rail",): Case((), "takes no id", ("--port", "70000"), "uses no database"),
@@ -274,6 +275,7 @@ def test_every_data_command_prints_valid_json(invoke, db, db_url, sandbox, files
     ok("jobs", "retry", "--all-dead")
     ok("jobs", "release", "--all-stranded")
     ok("prune", "--older-than", "30d", "--dry-run")
+    assert [r["rail"] for r in ok("rails", "list")][:1] == ["mtn"]
     imported = ok("statements", "import", files["statement"], "--rail", "mtn", "--profile", "sandbox", "--apply")
     ok("statements", "list")
     ok("statements", "show", imported["statement"])

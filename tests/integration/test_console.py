@@ -516,6 +516,11 @@ def test_the_overview_shows_rails_paused_misconfigured_workers_and_the_figures_c
     db.execute("INSERT INTO rail_calls (rail, operation, reference, http_status, answer, reason, latency_ms, "
                "paused_until) VALUES ('orange', 'status', 'r1', 503, 'paused', %s, 12, now() + interval '2 minutes')",
                (SCRIPT,))
+    # the pause every process honours (rail_pauses), with who set it
+    db.execute("INSERT INTO rail_pauses (rail, paused_until, reason, set_by) "
+               "VALUES ('orange', now() + interval '2 minutes', %s, 'worker-b:7')", ("HTTP 503 Retry-After 120 " + SCRIPT,))
+    db.execute("INSERT INTO rail_pauses (rail, paused_until, reason, set_by) "
+               "VALUES ('mpesa', now() - interval '1 minute', 'HTTP 429 Retry-After 5', 'worker-c:8')")
     alert(db, details={"rail": "mtn", "code": "HTTP_401"})
     # a worker listening for wake-ups (its named connection) and one holding a lease
     queue.enqueue(db, "test.count", "k:leased", {})
@@ -537,6 +542,7 @@ def test_the_overview_shows_rails_paused_misconfigured_workers_and_the_figures_c
     polls_due, late, settled, p50, workers = figures[0]
     assert (polls_due, settled, workers) == (1, 1, 2) and 89 <= late <= 120 and 41 <= p50 <= 43
     assert "Rails paused and why" in page and "orange" in page and "HTTP 503" in page
+    assert "worker-b:7" in page and "worker-c:8" not in page  # the pause in force, by whom; not one that is over
     assert SCRIPT not in page and ESCAPED in page  # the rail's reason is text
     assert "HTTP_401" in page  # the open rail_misconfigured alert, per rail and code
     assert "host:7" in page and "host:42" in page and "later issue" in page

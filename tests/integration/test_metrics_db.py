@@ -53,6 +53,10 @@ def test_the_gauges_count_what_the_tables_hold(db, pool):
     db.execute("INSERT INTO alerts (kind, charge_id) VALUES ('charge_unresolved', %s), "
                "('rail_contradiction', %s)", (made_charges[0]["id"], made_charges[1]["id"]))
     db.execute("INSERT INTO alerts (kind, acknowledged_at) VALUES ('job_dead_lettered', now())")
+    # a rail paused fleet-wide for a minute, and one whose pause is over
+    db.execute("INSERT INTO rail_pauses (rail, paused_until, reason, set_by) VALUES "
+               "('orange', now() + interval '60 seconds', 'HTTP 429', 'w:1'), "
+               "('mpesa', now() - interval '1 second', 'HTTP 503', 'w:2')")
 
     values = _values(gauges.DatabaseCollector(pool, lanes=lanes.LANES))
     assert values[("vpay_database_up",)] == 1
@@ -70,6 +74,9 @@ def test_the_gauges_count_what_the_tables_hold(db, pool):
     assert values[("vpay_alerts_open", "rail_contradiction")] == 1
     assert values[("vpay_alerts_open", "job_dead_lettered")] == 0  # acknowledged
     assert values[("vpay_webhook_endpoints_disabled",)] == 1
+    assert 50 < values[("vpay_rail_paused_seconds", "orange")] <= 60
+    assert values[("vpay_rail_paused_seconds", "mpesa")] == 0   # over
+    assert values[("vpay_rail_paused_seconds", "mtn")] == 0     # never paused: 0, not absent
 
 
 def test_one_snapshot_serves_scrapes_for_a_few_seconds(db, pool):

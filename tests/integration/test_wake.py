@@ -151,3 +151,75 @@ def test_a_listener_claim_refused_on_a_sound_connection_leaves_the_claim_to_the_
     finally:
         waker.stop()
         halt.set()
+
+
+# --- the listener's liveness (issue 25; vpay/engine/liveness.py) -------------
+
+
+def test_a_ping_hands_on_the_notifications_that_came_in_with_its_answer(db, db_url):
+    # libpq reads a notification that arrived before the ping's answer along
+    # with it; left in libpq's queue, nothing would read it until more data
+    # came (a wake-up lost to the idle sleep).
+    import selectors
+
+    import psycopg
+    from vpay.engine.liveness import ping
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("LISTEN vpay_jobs")
+        assert ping(conn, 5.0) == []
+        db.execute("NOTIFY vpay_jobs, 'mtn'")
+        with selectors.DefaultSelector() as sel:  # the notification is on the socket, unread
+            sel.register(conn.pgconn.socket, selectors.EVENT_READ)
+            assert sel.select(10), "the notification to arrive"
+        assert ping(conn, 5.0) == ["mtn"]
+        assert list(conn.notifies(timeout=0.2)) == []  # handed on once, not twice
+
+
+def test_a_ping_on_a_connection_that_went_silent_gives_up_at_its_deadline_and_closes_it(db_url):
+    import psycopg
+    import pytest
+    from pg_relay import BlackholeRelay
+    from vpay.engine.liveness import ListenerUnresponsive, ping
+    relay = BlackholeRelay(db_url)
+    try:
+        with psycopg.connect(relay.url, autocommit=True, application_name="vpay-listener t") as conn:
+            conn.execute("LISTEN vpay_jobs")
+            assert relay.blackhole(b"vpay-listener") == 1
+            with pytest.raises(ListenerUnresponsive, match="within 0.5 s"):
+                ping(conn, 0.5)
+            assert conn.closed
+    finally:
+        relay.close()
+
+
+def test_a_listener_whose_connection_goes_silent_is_replaced_and_counted(db, db_url):
+    # The in-process half of tests/acceptance/test_wake_acceptance.py's
+    # silent-relay test: the shortest bound, and the counter.
+    from pg_relay import BlackholeRelay
+    from vpay.base.metrics import REGISTRY
+    from vpay.engine.liveness import MIN_DEAD_AFTER_SECONDS, Liveness
+
+    def count() -> float:
+        return REGISTRY.get_sample_value("vpay_listener_reconnects_total", {"cause": "unresponsive"}) or 0.0
+
+    relay = BlackholeRelay(db_url)
+    halt = threading.Event()
+    waker = Waker([("mtn",)])
+    listener = Listener(relay.url, waker, halt, "t", liveness=Liveness(MIN_DEAD_AFTER_SECONDS))
+    before = count()
+    listener.start()
+    try:
+        assert listener.connected.wait(30)
+        assert relay.blackhole(b"vpay-listener") == 1
+        wait_until(lambda: listener.connections == 2, timeout=60, what="a new listener connection")
+        assert count() == before + 1
+        woken, sleepers = {}, [threading.Thread(target=lambda: woken.__setitem__(0, waker.sleep(0, 30)))]
+        sleepers[0].start()
+        wait_until(lambda: len(waker._idle) == 1, timeout=10, what="the loop asleep")
+        queue.enqueue(db, "poll", "poll:after-silence", {}, rail="mtn")
+        sleepers[0].join(WELL_UNDER)
+        assert woken == {0: True}  # woken through the new connection, not at the end of its sleep
+    finally:
+        halt.set()
+        listener.join(10)
+        relay.close()

@@ -133,3 +133,90 @@ def test_settings_are_read():
                                 "VPAY_MTN_MAX_PAUSE_SECONDS": "90"})
     assert adapter.total_timeout == 7.5 and adapter.gate.max_pause == 90
     assert mtn().total_timeout == 20.0 and mtn().gate.max_pause == 300.0
+
+
+# --- fleet-wide: the pause board (issue 25; the database side is
+# tests/integration/test_rail_pauses.py, two real workers test_isolation.py) --
+
+
+class Board:
+    """A ``PauseBoard`` in memory: what the gates published, and a pause to answer."""
+
+    def __init__(self, pause=None):
+        self.published: list[tuple[str, float, str]] = []
+        self.pause = pause
+
+    def publish(self, rail, seconds, reason):
+        self.published.append((rail, seconds, reason))
+
+    def in_force(self, rail):
+        return self.pause if self.pause is not None and self.pause.rail == rail else None
+
+
+@pytest.fixture
+def board():
+    from vpay.rails.gate import share_pauses
+    shared = Board()
+    share_pauses(shared)
+    yield shared
+    share_pauses(None)
+
+
+def _shared(seconds: float, set_by: str = "replica-a:1", rail: str = "mtn"):
+    from vpay.rails.gate import SharedPause
+    return SharedPause(rail, seconds, datetime.now(timezone.utc) + timedelta(seconds=seconds),
+                       "HTTP 429 Retry-After 30", set_by)
+
+
+def test_a_pause_this_process_gets_is_published_to_the_board_and_a_shorter_ask_is_not(board, rsps):
+    adapter = mtn(max_pause=60)
+    add_token(rsps)
+    rsps.add(responses.GET, STATUS_URL, status=429, headers={"Retry-After": "86400"})
+    with pytest.raises(RailPaused):
+        adapter.status(CHARGE)
+    assert board.published == [("mtn", 60.0, "HTTP 429 Retry-After 86400")]  # capped at max_pause
+    adapter.gate.pause(5, "a shorter ask")
+    assert len(board.published) == 1
+
+
+def test_the_boards_pause_holds_every_call_before_anything_is_sent(board, rsps, caplog):
+    board.pause = _shared(30)
+    adapter = mtn()
+    add_token(rsps)
+    rsps.add(responses.GET, STATUS_URL, status=200, json={"status": "PENDING"})
+    for _ in range(3):
+        with pytest.raises(RailPaused) as paused:
+            adapter.status(CHARGE)
+    assert 29 < paused.value.seconds <= 30 and "set by replica-a:1" in paused.value.reason
+    assert len(rsps.calls) == 0 and board.published == []  # nothing sent, nothing echoed back
+    adopted = [r for r in caplog.records if r.getMessage() == "rail paused by another process"]
+    assert len(adopted) == 1 and adopted[0].set_by == "replica-a:1"  # once per pause, not per call
+    assert adapter.gate.paused_until() is not None
+
+
+def test_the_boards_pause_is_capped_by_this_processs_max_pause(board):
+    board.pause = _shared(3000)
+    now = [0.0]
+    gate = RailGate("mtn", max_pause=90, clock=lambda: now[0])
+    with pytest.raises(RailPaused) as paused:
+        gate.check()
+    assert paused.value.seconds == 90
+    now[0] += 90
+    gate.check()  # the same row, looked at already: not adopted again
+
+
+def test_a_boards_pause_of_another_rail_or_one_this_gate_holds_already_changes_nothing(board, caplog):
+    board.pause = _shared(30, rail="orange")
+    now = [0.0]
+    gate = RailGate("mtn", clock=lambda: now[0])
+    gate.check()  # orange's pause is orange's
+    gate.pause(30, "HTTP 429 Retry-After 30")
+    board.pause = _shared(30.3)  # our own pause read back (a round trip later)
+    with pytest.raises(RailPaused) as paused:
+        gate.check()
+    assert paused.value.reason == "HTTP 429 Retry-After 30"
+    assert not [r for r in caplog.records if r.getMessage() == "rail paused by another process"]
+    board.pause = _shared(45, set_by="replica-b:2")  # another process extended it
+    with pytest.raises(RailPaused) as paused:
+        gate.check()
+    assert paused.value.seconds == 45 and "replica-b:2" in paused.value.reason

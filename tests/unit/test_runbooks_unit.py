@@ -20,6 +20,7 @@ COVERED = {
     ("worker-queue.md", "A stranded lease"): "test_a_killed_workers_stranded_lease_is_found_and_released",
     ("worker-queue.md", "A rail contradicting a settled charge"):
         "test_a_contradiction_is_found_and_acknowledged",
+    ("worker-queue.md", "A paused rail"): "test_a_rail_paused_by_a_429_is_shown_with_why_and_by_whom",
     ("worker-queue.md", "What is kept, and for how long"): "test_the_retention_dry_run_counts_what_would_go",
     ("unresolved-charges.md", ""):
         "test_an_unresolved_charge_is_found_reconciled_against_the_statement_and_acknowledged",

@@ -98,6 +98,12 @@ OVER_SHARE = Counter(
     "merchant's share (vpay.engine.fairness): a merchant's backlog in a lane that fell behind.", ["lane"],
     registry=REGISTRY)
 
+LISTENER_RECONNECTS = Counter(
+    "vpay_listener_reconnects", "Times the worker's wake-up listener connected again, by cause: "
+    "unresponsive (its connection did not answer a ping within the bound, "
+    "VPAY_LISTENER_DEAD_AFTER_SECONDS; vpay/engine/liveness.py) or lost (the connection failed).",
+    ["cause"], registry=REGISTRY)
+
 POLL_KINDS = frozenset({"poll", "refund_poll"})
 """Job kinds whose work is a status read: their lateness is observed."""
 
@@ -164,6 +170,12 @@ def jobs_vacuumed(result: str) -> None:
     """Count one vacuum of ``jobs`` by the worker (``vpay.engine.vacuum``):
     ``done``, ``skipped`` or ``error``."""
     JOBS_VACUUMS.labels(result).inc()
+
+
+def listener_reconnected(cause: str) -> None:
+    """Count one reconnection of the wake-up listener (``vpay.engine.wake``):
+    ``unresponsive`` or ``lost``."""
+    LISTENER_RECONNECTS.labels(cause).inc()
 
 
 def webhook_attempt(result: str) -> None:

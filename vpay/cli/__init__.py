@@ -24,6 +24,7 @@ from vpay.cli.merchants import merchants
 from vpay.cli.migrate import migrate
 from vpay.cli.payments import payments
 from vpay.cli.prune import prune
+from vpay.cli.rails import rails
 from vpay.cli.refunds import refunds
 from vpay.cli.sandbox import sandbox_rail
 from vpay.cli.secrets import secrets
@@ -46,7 +47,7 @@ def main(level: str | None) -> None:
 
 
 for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,
-                jobs, alerts, prune, charges, statements, secrets, console, operators):
+                jobs, alerts, prune, charges, statements, secrets, console, operators, rails):
     main.add_command(command)
 
 

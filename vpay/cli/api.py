@@ -140,6 +140,10 @@ def api(bind: str, workers: int, threads: int, timeout: float) -> None:
         # through this worker process's own pool (made after the fork)
         from vpay.rails.calls import database_recorder, set_recorder
         set_recorder(database_recorder(app.vpay_db))
+        # a rail's 429/503 pause holds fleet-wide (rail_pauses), here too
+        from vpay.rails.gate import share_pauses
+        from vpay.rails.pauses import DatabasePauses
+        share_pauses(DatabasePauses(app.vpay_db, f"api {socket.gethostname()}:{os.getpid()}"))
         return app
 
     if listen is not None:

@@ -101,12 +101,14 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     from vpay.rails.port import RailError
     from vpay.webhooks import timeouts
     from vpay.engine.vacuum import every_from_env
+    from vpay.engine.liveness import dead_after_from_env
     from vpay.base import secretbox
     try:
         settings = Settings.from_env()
         timeouts()
         rails = configured_rails()
         jobs_vacuum_every = every_from_env()
+        listener_dead_after = dead_after_from_env()
         box = secretbox.default()  # webhook secrets are sealed under these keys
     except (ConfigError, RailError) as exc:
         refuse(str(exc))
@@ -131,12 +133,15 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         collector.pool = pool
     from vpay.rails.calls import database_recorder, set_recorder
     set_recorder(database_recorder(pool))  # rail_calls: the console's payment timelines
+    from vpay.rails.gate import share_pauses
+    from vpay.rails.pauses import DatabasePauses
+    share_pauses(DatabasePauses(pool, wid))  # a rail's 429/503 pause holds fleet-wide (rail_pauses)
     handler_ctx = Context(pool=pool, worker_id=wid, settings=settings, lease_seconds=lease_seconds)
     config = WorkerConfig(worker_id=wid, concurrency=worker_concurrency,
                           shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,
                           idle_sleep=idle_sleep, queues=served, lane_concurrency=overrides,
                           passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
-                          jobs_vacuum_every=jobs_vacuum_every)
+                          jobs_vacuum_every=jobs_vacuum_every, listener_dead_after=listener_dead_after)
     from vpay.handlers import ensure_scheduled
     from vpay.webhooks.sealing import check_keys, plaintext_count
     with pool.connection() as conn:

@@ -34,6 +34,12 @@ Design: docs/design/rails.md, "Waking on commit"; issue #15. The shape:
 * The idle sleep stays as the fallback (a listener reconnecting misses what
   is sent meanwhile), jittered so that the loops do not sleep in step; and
   after the listener (re)connects, every idle loop claims once.
+* A listener whose connection dies without a word (a NAT, a firewall, a
+  relay that stops forwarding) is found and replaced within a named bound,
+  ``VPAY_LISTENER_DEAD_AFTER_SECONDS`` (default 30 s): TCP keepalives, a ping
+  with its own deadline while nothing is heard, a bounded reconnection
+  (``vpay.engine.liveness``). Logged (one WARNING per replacement) and
+  counted (``vpay_listener_reconnects_total{cause}``).
 
 Nothing here asserts anything about the queue: a wake-up only makes a loop
 claim sooner, and a claim finds what is due or nothing.
@@ -49,6 +55,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import psycopg
 
+from vpay.base import metrics
+from vpay.engine.liveness import Liveness, ListenerUnresponsive, ping
+
 log = logging.getLogger("vpay.worker")
 
 CHANNEL = "vpay_jobs"
@@ -58,10 +67,6 @@ DOWN_WARNING_SECONDS = 300.0
 """A listener that cannot listen for this long logs one WARNING (INFO
 before): shorter outages are the database's, and the claim loops say so."""
 
-PING_EVERY = 30.0
-"""Seconds between the listener's liveness queries while nothing arrives: a
-connection cut without a FIN (a firewall, a failover) is found this late at
-worst, and the idle sleep covers the gap."""
 
 
 def jittered(seconds: float) -> float:
@@ -197,12 +202,16 @@ class Listener(threading.Thread):
     once. With ``claim(conn, lanes)`` (the worker's), each notification is
     ``Waker.claim_for``: the listener claims on ``conn`` for the loop it
     wakes; without, ``Waker.notify``. ``connected`` is set while listening;
-    ``connections`` counts successful connects (tests)."""
+    ``connections`` counts successful connects (tests). ``liveness`` bounds
+    how long a connection that stopped answering is kept
+    (``vpay.engine.liveness``; default 30 s)."""
 
     def __init__(self, url: str, waker: Waker, halt: threading.Event, worker_id: str = "",
-                 claim: Callable[[psycopg.Connection, tuple[str, ...]], Any] | None = None):
+                 claim: Callable[[psycopg.Connection, tuple[str, ...]], Any] | None = None,
+                 liveness: Liveness | None = None):
         super().__init__(name="listener", daemon=True)
         self.url = url
+        self.liveness = liveness or Liveness()
         self.waker = waker
         self.claim = claim
         self.halt = halt
@@ -211,6 +220,8 @@ class Listener(threading.Thread):
         self.connections = 0
         self.backend_pid: int | None = None
         self._listening_since: float | None = None
+        self._cause = ""  # why the last connection ended: unresponsive, lost
+        self._down_since: float | None = None
 
     def run(self) -> None:
         backoff = 0.5
@@ -224,55 +235,80 @@ class Listener(threading.Thread):
                 self.connected.clear()
                 now = time.monotonic()
                 if self._listening_since is not None:  # it was listening: a new outage
-                    down_since, warned = now, False
+                    # the first retry comes soon, whatever the last outage
+                    # cost: the replacement bound counts on it
+                    down_since, warned, backoff = now, False, 0.5
+                    self._cause = "unresponsive" if isinstance(exc, ListenerUnresponsive) else "lost"
+                    self._down_since = now
                 self._listening_since = None
                 down_since = down_since or now
-                # INFO while the outage is short: the claim loops log the
-                # database's absence, and the idle sleep covers the wake-ups.
-                # A listener down for long (LISTEN refused, a transaction-mode
-                # bouncer in the way) is worth one WARNING.
-                long_down = now - down_since >= DOWN_WARNING_SECONDS
-                level = logging.WARNING if long_down and not warned else logging.INFO
-                warned = warned or long_down
-                log.log(level, "listener lost its connection; loops fall back to the idle sleep",
-                        extra={"worker_id": self.worker_id, "error": str(exc)[:300],
-                               "down_seconds": round(now - down_since, 1), "retry_in": backoff})
+                if isinstance(exc, ListenerUnresponsive):
+                    # Not the database's outage (the claim loops say nothing):
+                    # this connection went silent. Once per replacement.
+                    log.warning("listener unresponsive; replacing it", extra={
+                        "worker_id": self.worker_id, "error": str(exc),
+                        "dead_after_seconds": self.liveness.dead_after, "retry_in": backoff})
+                else:
+                    # INFO while the outage is short: the claim loops log the
+                    # database's absence, and the idle sleep covers the wake-ups.
+                    # A listener down for long (LISTEN refused, a transaction-mode
+                    # bouncer in the way) is worth one WARNING.
+                    long_down = now - down_since >= DOWN_WARNING_SECONDS
+                    level = logging.WARNING if long_down and not warned else logging.INFO
+                    warned = warned or long_down
+                    log.log(level, "listener lost its connection; loops fall back to the idle sleep",
+                            extra={"worker_id": self.worker_id, "error": str(exc)[:300],
+                                   "down_seconds": round(now - down_since, 1), "retry_in": backoff})
                 self.halt.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
 
     def _listen(self) -> None:
+        live = self.liveness
         with psycopg.connect(self.url, autocommit=True,
-                             application_name=f"vpay-listener {self.worker_id}"[:63]) as conn:
+                             application_name=f"vpay-listener {self.worker_id}"[:63],
+                             **live.params(self.url)) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             self.backend_pid = conn.info.backend_pid
             self._listening_since = time.monotonic()
             self.connections += 1
             self.connected.set()
             if self.connections > 1:
-                log.info("listener reconnected", extra={"worker_id": self.worker_id})
+                cause = self._cause or "lost"
+                metrics.listener_reconnected(cause)
+                log.info("listener reconnected", extra={
+                    "worker_id": self.worker_id, "cause": cause,
+                    "down_seconds": round(time.monotonic() - (self._down_since or time.monotonic()), 1)})
             self.waker.wake_all()  # claim once before waiting: we may have missed some
             heard = time.monotonic()
             while not self.halt.is_set():
                 # Back from the first batch, so a claim runs at once (not
                 # inside the generator, which holds the connection; what
                 # arrives meanwhile is kept by psycopg for the next call).
-                notes = list(conn.notifies(timeout=1.0, stop_after=1))
-                for note in notes:
-                    if self.claim is None:
-                        self.waker.notify(note.payload)
-                        continue
-                    try:
-                        self.waker.claim_for(note.payload, lambda lanes: self.claim(conn, lanes))
-                    except psycopg.Error as exc:
-                        if conn.broken or conn.closed:
-                            raise  # reconnect; the loop it was for claims itself
-                        # The connection is fine (a read-only server, a
-                        # statement error): the woken loop claims itself.
-                        log.info("listener's claim failed; the loop claims itself",
-                                 extra={"worker_id": self.worker_id, "error": str(exc)[:300]})
-                if notes:
+                lanes = [note.payload for note in conn.notifies(timeout=1.0, stop_after=1)]
+                if not lanes and time.monotonic() - heard >= live.ping_every:
+                    # Nothing heard for a while: a quiet queue, or a dead
+                    # connection. A ping with its own deadline tells them
+                    # apart (raises ListenerUnresponsive; liveness.py).
+                    lanes = ping(conn, live.ping_timeout)
                     heard = time.monotonic()
-                elif time.monotonic() - heard >= PING_EVERY:
-                    conn.execute("SELECT 1")
+                for lane in lanes:
+                    self._hand_on(conn, lane)
+                if lanes:
                     heard = time.monotonic()
         self.connected.clear()
+
+    def _hand_on(self, conn: psycopg.Connection, lane: str) -> None:
+        """A job of ``lane`` became due: wake a loop, claiming for it on
+        ``conn`` when the worker gave a claim."""
+        if self.claim is None:
+            self.waker.notify(lane)
+            return
+        try:
+            self.waker.claim_for(lane, lambda lanes: self.claim(conn, lanes))
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed:
+                raise  # reconnect; the loop it was for claims itself
+            # The connection is fine (a read-only server, a
+            # statement error): the woken loop claims itself.
+            log.info("listener's claim failed; the loop claims itself",
+                     extra={"worker_id": self.worker_id, "error": str(exc)[:300]})

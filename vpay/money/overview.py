@@ -1,8 +1,9 @@
 """What the console's overview shows, read in a few bounded queries: the
 queue per lane (due, leased, dead, the oldest due job's age), payments by
 status, open alerts by kind, disabled webhook endpoints, rails paused and
-why (as the database knows it: pauses recorded in ``rail_calls``, the last
-15 minutes' throttling and errors, open ``rail_misconfigured`` alerts),
+why (the pauses every process honours, ``rail_pauses``, with the 429/503
+answers in ``rail_calls`` that asked for them, the last 15 minutes'
+throttling and errors, open ``rail_misconfigured`` alerts),
 workers alive (``console_workers``), and the last 24 hours of samples
 (``console_samples`` per lane and ``console_figures``: poll lateness, settle
 time, workers; written once a minute by the worker's ``sample:overview``

@@ -51,6 +51,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from vpay.base import logs, metrics
 from vpay.engine import fairness, lanes, queue, vacuum
 from vpay.engine.outcome import JobError, Outcome
+from vpay.engine.liveness import DEAD_AFTER_SECONDS, Liveness
 from vpay.engine.wake import Listener, Waker, jittered
 from vpay.worker import maintenance
 from vpay.worker.gauge import Gauge, GaugeLine
@@ -84,6 +85,9 @@ class WorkerConfig:
     jobs_vacuum_every: int = vacuum.VACUUM_EVERY
     """Finished jobs between two vacuums of ``jobs`` by this process
     (``VPAY_JOBS_VACUUM_EVERY``; 0: none, autovacuum alone; vpay/engine/vacuum.py)."""
+    listener_dead_after: float = DEAD_AFTER_SECONDS
+    """Seconds within which a wake-up listener that stopped answering is
+    replaced (``VPAY_LISTENER_DEAD_AFTER_SECONDS``; vpay/engine/liveness.py)."""
 
     def loops(self) -> list[tuple[str, ...]]:
         """The lanes each claim loop serves (``lanes.split``)."""
@@ -312,7 +316,8 @@ class Worker:
         log.info("worker started", extra={"worker_id": cfg.worker_id, "concurrency": cfg.concurrency,
                                           "queues": list(cfg.queues), "loops": split,
                                           "lease_seconds": cfg.lease, "reaped_at_boot": reaped,
-                                          "jobs_vacuum_every": cfg.jobs_vacuum_every})
+                                          "jobs_vacuum_every": cfg.jobs_vacuum_every,
+                                          "listener_dead_after_seconds": cfg.listener_dead_after})
         # A rail lane riding along for want of its rail calls nobody: not a risk.
         shared = ["+".join(g) for g in dict.fromkeys(self.loops)
                   if len([lane for lane in g if lane not in cfg.passive]) > 1]
@@ -333,7 +338,8 @@ class Worker:
         if cfg.listen:
             # Its own session-level connection, never one of the pool's (wake.py).
             self.listener = Listener(self.pool.conninfo, self.waker, self._halt, cfg.worker_id,
-                                     claim=self._listener_claim)
+                                     claim=self._listener_claim,
+                                     liveness=Liveness(cfg.listener_dead_after))
             helpers.append(self.listener)
         if self.jobs_vacuum is not None:
             helpers.append(self.jobs_vacuum)
