@@ -10,8 +10,12 @@ Design: docs/design/rails.md, "Waking on commit"; issue #15. The shape:
   transaction are collapsed: a batch of a thousand jobs is one wake-up.
 * One ``Listener`` thread per worker process holds its own session-level
   autocommit connection (never one of the pool's: a pooled connection is
-  handed to others, and ``LISTEN`` belongs to the session). It hands each
-  notification to the ``Waker``.
+  handed to others, and ``LISTEN`` belongs to the session), to the session
+  URL (``VPAY_SESSION_DATABASE_URL``, default ``VPAY_DATABASE_URL``): behind
+  a transaction-pooling bouncer, Postgres itself or a session-mode pool,
+  since a ``LISTEN`` through transaction pooling never delivers (the worker
+  refuses to start so: vpay/base/pooling.py). It hands each notification to
+  the ``Waker``.
 * The ``Waker`` wakes ONE idle claim loop serving that lane. A loop that
   then claims a job wakes one more idle sibling (``spread``), so a backlog
   spreads to as many loops as it keeps busy, at the price of one empty claim
@@ -48,6 +52,9 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 import psycopg
+
+from vpay.base import metrics
+from vpay.base.db import session_connect
 
 log = logging.getLogger("vpay.worker")
 
@@ -197,7 +204,10 @@ class Listener(threading.Thread):
     once. With ``claim(conn, lanes)`` (the worker's), each notification is
     ``Waker.claim_for``: the listener claims on ``conn`` for the loop it
     wakes; without, ``Waker.notify``. ``connected`` is set while listening;
-    ``connections`` counts successful connects (tests)."""
+    ``connections`` counts successful connects (tests), ``notifications``
+    the notifications received (the gauge line: proof that wake-ups arrive
+    through the session URL). ``url`` is the session URL
+    (``VPAY_SESSION_DATABASE_URL``)."""
 
     def __init__(self, url: str, waker: Waker, halt: threading.Event, worker_id: str = "",
                  claim: Callable[[psycopg.Connection, tuple[str, ...]], Any] | None = None):
@@ -209,8 +219,15 @@ class Listener(threading.Thread):
         self.worker_id = worker_id
         self.connected = threading.Event()
         self.connections = 0
+        self.notifications = 0
         self.backend_pid: int | None = None
         self._listening_since: float | None = None
+
+    def snapshot(self) -> dict:
+        """For the gauge line: ``listening`` (connected now), ``connections``
+        (successful connects since boot), ``notifications`` (received since boot)."""
+        return {"listening": self.connected.is_set(), "connections": self.connections,
+                "notifications": self.notifications}
 
     def run(self) -> None:
         backoff = 0.5
@@ -221,6 +238,7 @@ class Listener(threading.Thread):
                 self._listen()  # returns when the worker halts
                 backoff, down_since, warned = 0.5, None, False
             except psycopg.Error as exc:
+                metrics.database_error("listener")
                 self.connected.clear()
                 now = time.monotonic()
                 if self._listening_since is not None:  # it was listening: a new outage
@@ -241,8 +259,7 @@ class Listener(threading.Thread):
                 backoff = min(backoff * 2, 10.0)
 
     def _listen(self) -> None:
-        with psycopg.connect(self.url, autocommit=True,
-                             application_name=f"vpay-listener {self.worker_id}"[:63]) as conn:
+        with session_connect(self.url, f"vpay-listener {self.worker_id}") as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             self.backend_pid = conn.info.backend_pid
             self._listening_since = time.monotonic()
@@ -257,6 +274,7 @@ class Listener(threading.Thread):
                 # inside the generator, which holds the connection; what
                 # arrives meanwhile is kept by psycopg for the next call).
                 notes = list(conn.notifies(timeout=1.0, stop_after=1))
+                self.notifications += len(notes)
                 for note in notes:
                     if self.claim is None:
                         self.waker.notify(note.payload)
@@ -266,6 +284,7 @@ class Listener(threading.Thread):
                     except psycopg.Error as exc:
                         if conn.broken or conn.closed:
                             raise  # reconnect; the loop it was for claims itself
+                        metrics.database_error("listener")
                         # The connection is fine (a read-only server, a
                         # statement error): the woken loop claims itself.
                         log.info("listener's claim failed; the loop claims itself",

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 
 from prometheus_client.core import GaugeMetricFamily
 
+from vpay.base import metrics
 from vpay.money.alert_kinds import ALERT_KINDS
 
 log = logging.getLogger("vpay.metrics")
@@ -32,8 +33,13 @@ class DatabaseCollector:
     """The gauges read from the database at scrape: ``vpay_queue_jobs{lane,
     state}``, ``vpay_alerts_open{kind}``, ``vpay_charges{status}``,
     ``vpay_webhook_endpoints_disabled`` and ``vpay_database_up`` (1 when the
-    snapshot query answered within its bound, else 0 and the other families
-    are empty: a number from an unanswered query would be a lie).
+    snapshot query answered within its bound and no statement of this worker
+    failed in the last ``metrics.DATABASE_ERROR_WINDOW_SECONDS``, else 0).
+    When the snapshot did not answer, the other families are empty: a
+    number from an unanswered query would be a lie; when it answered but
+    the worker's own statements fail (a database that answers one query
+    and breaks the next: a transaction-pooling bouncer with prepared
+    statements, issue 25), its numbers are reported and ``up`` is still 0.
 
     ``pool`` is a ``psycopg_pool.ConnectionPool`` (``None`` until attached:
     then every family is empty and ``vpay_database_up`` is 0). ``lanes``
@@ -83,7 +89,9 @@ class DatabaseCollector:
         disabled = GaugeMetricFamily("vpay_webhook_endpoints_disabled",
                                      "Webhook endpoints that are disabled (410 Gone, or by an operator).")
         up = GaugeMetricFamily("vpay_database_up", "1 when the scrape's database snapshot answered "
-                               f"within {STATEMENT_TIMEOUT_MS} ms, else 0.")
+                               f"within {STATEMENT_TIMEOUT_MS} ms and no statement of this worker failed "
+                               f"in the last {metrics.DATABASE_ERROR_WINDOW_SECONDS:g} s "
+                               "(vpay_database_errors), else 0.")
         if rows is not None:
             values: dict[tuple, float] = {}
             for lane in self.lanes:
@@ -105,7 +113,7 @@ class DatabaseCollector:
                     charges.add_metric([a], n)
                 elif family == "webhook_endpoints_disabled":
                     disabled.add_metric([], n)
-        up.add_metric([], 0 if rows is None else 1)
+        up.add_metric([], 0 if rows is None or metrics.database_failed_recently() else 1)
         return [queue, alerts, charges, disabled, up]
 
 
