@@ -29,9 +29,13 @@ from support import wait_until
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 
-POOL_SIZE = 4
-"""Server connections per database and user: fewer than the worker's pool
-(10) plus the API's, so transaction pooling really shares them."""
+POOL_SIZES = {"transaction": 4, "session": 60}
+"""Server connections per database and user, by mode. Transaction mode: fewer
+than the worker's pool (10) plus the API's, so transaction pooling really
+shares them. Session mode gives each client connection a server connection
+for its whole life, so it needs one per client connection (the pools at
+their largest, the listener, the vacuum), or clients queue for ever
+(docs/deployment.md, "pgbouncer")."""
 
 
 def pgbouncer_or_skip() -> str:
@@ -100,7 +104,7 @@ listen_port = {self.port}
 unix_socket_dir =
 auth_type = any
 pool_mode = {self.mode}
-default_pool_size = {POOL_SIZE}
+default_pool_size = {POOL_SIZES[self.mode]}
 max_client_conn = 200
 server_reset_query = DISCARD ALL
 ignore_startup_parameters = extra_float_digits
