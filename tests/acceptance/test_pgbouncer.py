@@ -24,6 +24,7 @@ Skipped with one line without pgbouncer, failed under
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -176,3 +177,29 @@ def test_a_transaction_pooled_session_url_is_refused_at_start_with_78(db, db_url
         line = _refused(["vpay-worker"], explicit)
         assert line.startswith("vpay: configuration refused: VPAY_SESSION_DATABASE_URL (")
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+
+
+def test_a_statement_import_keeps_its_session_on_the_session_url_behind_a_transaction_bouncer(
+        db, db_url, pool, sandbox, merchant, tmp_path):
+    """Its temporary tables and per-rail lock live in its session: through a
+    transaction-mode bouncer it runs on VPAY_SESSION_DATABASE_URL, and with
+    no session URL it is refused (78) rather than scattered over server
+    connections."""
+    from test_statements import Ledger, _write
+    ledger = Ledger(db, pool, sandbox, merchant)
+    charge = ledger.pay()  # approved at the rail, still pending here: the statement proves it
+    ledger.at_rail(charge["rail_reference"], "SUCCESSFUL")
+    path = _write(tmp_path, sandbox)
+    args = ["vpay-server", "statements", "import", str(path), "--rail", "mtn", "--profile", "sandbox",
+            "--lag-minutes", "0", "--apply", "--json"]
+    with Bouncer(db_url, "transaction", tmp_path) as bouncer:
+        tx = {"VPAY_DATABASE_PREPARED_STATEMENTS": "off"}
+        line = _refused(args, base_env(bouncer.url, **tx))
+        assert "VPAY_SESSION_DATABASE_URL (unset, so VPAY_DATABASE_URL)" in line
+        out = subprocess.run([script(args[0]), *args[1:]],
+                             env=base_env(bouncer.url, **tx, VPAY_SESSION_DATABASE_URL=db_url),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["statement"].startswith("st_") and report["applied"] is True
+    assert db.execute("SELECT status FROM charges WHERE id = %s", (charge["id"],)).fetchone() == ("succeeded",)
