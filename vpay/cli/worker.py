@@ -104,7 +104,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     from vpay.webhooks import timeouts
     from vpay.engine.vacuum import every_from_env
     from vpay.base import secretbox
-    from vpay.base.db import session_database_url
+    from vpay.base.db import prepared_statements, session_database_url
     try:
         # "" when unset (then the pool's URL); a URL that cannot be meant is
         # refused here, before any connection
@@ -130,7 +130,9 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         try:
             # The listener and the vacuum need a session: a transaction-pooled
             # session URL would never deliver a wake-up (vpay/base/pooling.py).
-            pooling.refuse_pooled_session(session_url or url, explicit=bool(session_url))
+            # Unset with prepared statements on, it is the URL just probed.
+            if session_url or not prepared_statements():
+                pooling.refuse_pooled_session(session_url or url, explicit=bool(session_url))
         except BaseException:
             pool.close()
             raise
