@@ -151,6 +151,15 @@ def _with_db(url: str, dbname: str) -> str:
     return psycopg.conninfo.make_conninfo(url, dbname=dbname)
 
 
+@pytest.fixture(autouse=True)
+def _no_database_error_carried_over(monkeypatch):
+    """``vpay_database_up`` reads 0 for a minute after any failed statement of
+    the process (``vpay.base.metrics.database_error``): one test's simulated
+    outage must not hold it at 0 for the next test in the same process."""
+    from vpay.base import metrics
+    monkeypatch.setattr(metrics, "_last_database_error", None, raising=False)
+
+
 @pytest.fixture(scope="session")
 def server_url() -> str:
     return _server_url()

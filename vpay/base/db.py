@@ -6,6 +6,17 @@
 * Pools are created in the process that uses them, never across a fork
   (psycopg_pool docs), with autocommit connections: every multi-statement
   write is an explicit ``conn.transaction()`` block.
+* ``VPAY_DATABASE_PREPARED_STATEMENTS`` (``on`` by default; ``off``) says
+  whether psycopg may prepare statements server-side (it does after five
+  executions of one query on one connection). ``off`` sets
+  ``prepare_threshold=None`` on every connection made here (pools,
+  ``connect``, ``session_connect``): what a transaction-pooling pgbouncer
+  older than 1.21 needs, since it hands a client's next transaction to
+  another server connection, where its prepared statements do not exist or
+  are someone else's (docs/deployment.md, "pgbouncer").
+* ``VPAY_SESSION_DATABASE_URL`` names the server for the connections that
+  need a session of their own (the worker's LISTEN and its vacuum, the
+  statement import's temporary tables and lock); default ``VPAY_DATABASE_URL``.
 * Migrations are the ``sql/NNNN_*.sql`` files shipped inside the package as
   ``vpay.sql``, applied in file-name order, each once, recorded in
   ``schema_migrations``, under a transaction-scoped advisory lock so that two
@@ -16,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Mapping
@@ -45,6 +57,39 @@ _MIGRATE_LOCK = 7_316_240_051  # pg_advisory_xact_lock key for migrate; any fixe
 
 class ConfigError(Exception):
     """The configuration cannot work (exit 78, EX_CONFIG)."""
+
+
+PREPARED_STATEMENTS = "VPAY_DATABASE_PREPARED_STATEMENTS"
+SESSION_URL = "VPAY_SESSION_DATABASE_URL"
+
+# Parameters people put in a URL that belong to psycopg, not libpq: libpq
+# refuses every one of them, and the way to say it is a setting of ours.
+_PSYCOPG_ONLY = {"prepare_threshold": f"{PREPARED_STATEMENTS}=off",
+                 "prepared_statements": f"{PREPARED_STATEMENTS}=off"}
+
+
+def prepared_statements(environ: Mapping[str, str] | None = None) -> bool:
+    """``VPAY_DATABASE_PREPARED_STATEMENTS`` (``environ``, default
+    ``os.environ``): ``on`` (the default, also when unset or blank) or
+    ``off``, in any case. Raises ``ConfigError`` (exit 78) for anything
+    else: a typo must not leave prepared statements on behind a bouncer
+    that corrupts them."""
+    env = os.environ if environ is None else environ
+    raw = env.get(PREPARED_STATEMENTS, "").strip()
+    value = raw.lower() or "on"
+    if value not in ("on", "off"):
+        raise ConfigError(f"{PREPARED_STATEMENTS} must be on or off (off behind a transaction-pooling "
+                          f"pgbouncer older than 1.21), got {raw!r}")
+    return value == "on"
+
+
+def connect_kwargs(environ: Mapping[str, str] | None = None) -> dict:
+    """The keyword arguments every connection made here gets from the
+    settings: ``{"prepare_threshold": None}`` when
+    ``VPAY_DATABASE_PREPARED_STATEMENTS`` is ``off`` (psycopg then never
+    prepares), else nothing (psycopg's default: prepared after 5 runs).
+    Raises ``ConfigError`` for a bad value (``prepared_statements``)."""
+    return {} if prepared_statements(environ) else {"prepare_threshold": None}
 
 
 def describe(url: str, environ: Mapping[str, str] | None = None) -> str:
@@ -97,24 +142,40 @@ def embedded_url(data_dir: str | os.PathLike, cleanup_mode: str = "stop") -> str
     return server.get_uri()
 
 
-def check_url(url: str) -> str:
+def check_url(url: str, name: str = "VPAY_DATABASE_URL") -> str:
     """``url`` when it is a libpq URL (``postgresql://`` or ``postgres://``,
     or a ``key=value`` conninfo string) that names its database; raises
-    ``ConfigError`` otherwise (exit 78 at once, no connection tried).
+    ``ConfigError`` otherwise (exit 78 at once, no connection tried). The
+    message names the setting ``name`` the URL came from.
 
     A URL without a database (a bare ``postgres://``, ``postgresql://host``)
     is refused rather than left to libpq's defaults (the database named like
     the OS user, on the default socket), which may be another service's
-    database: write it, e.g. ``postgresql://vpay@/vpay?host=/run/postgresql``."""
+    database: write it, e.g. ``postgresql://vpay@/vpay?host=/run/postgresql``.
+
+    Only libpq's connection parameters may be in it: a parameter libpq does
+    not know is named in the refusal, and one that is psycopg's
+    (``?prepare_threshold=0``) is answered with the setting that does it
+    (``VPAY_DATABASE_PREPARED_STATEMENTS=off``)."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else None
     if scheme is not None and scheme not in ("postgresql", "postgres"):
-        raise ConfigError(f"VPAY_DATABASE_URL must be a postgresql:// URL, not {scheme}://")
+        raise ConfigError(f"{name} must be a postgresql:// URL, not {scheme}://")
     try:
         parts = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"VPAY_DATABASE_URL is not a libpq URL: {' '.join(str(exc).split())}") from None
+        text = " ".join(str(exc).split())
+        unknown = re.search(r'(?:invalid URI query parameter:|invalid connection option) "([^"]*)"', text)
+        if unknown:
+            param = unknown.group(1)
+            instead = _PSYCOPG_ONLY.get(param.lower())
+            if instead:
+                raise ConfigError(f"{name} has {param!r}, which is not a libpq parameter: "
+                                  f"remove it and set {instead} instead") from None
+            raise ConfigError(f"{name} has a parameter libpq does not know: {param!r} "
+                              f"(only libpq connection parameters go in the URL)") from None
+        raise ConfigError(f"{name} is not a libpq URL: {text}") from None
     if not parts.get("dbname"):
-        raise ConfigError("VPAY_DATABASE_URL names no database; libpq would pick defaults: "
+        raise ConfigError(f"{name} names no database; libpq would pick defaults: "
                           "write it, e.g. postgresql://vpay@/vpay?host=/run/postgresql")
     return url
 
@@ -122,8 +183,11 @@ def check_url(url: str) -> str:
 def database_url(environ: Mapping[str, str] | None = None) -> str:
     """The URL every command uses: ``VPAY_DATABASE_URL`` (checked by
     ``check_url``: ``ConfigError`` when it cannot be meant) or the embedded
-    default under ``VPAY_DATA_DIR``. Logs which one, without a password."""
+    default under ``VPAY_DATA_DIR``. Logs which one, without a password.
+    ``VPAY_DATABASE_PREPARED_STATEMENTS`` is checked here too, so every
+    command refuses a bad value (78) before it connects."""
     env = os.environ if environ is None else environ
+    prepared_statements(env)  # refused here, before any connection, when it cannot be meant
     url = env.get("VPAY_DATABASE_URL", "").strip()
     if url:
         check_url(url)
@@ -134,6 +198,37 @@ def database_url(environ: Mapping[str, str] | None = None) -> str:
     log.info("database in use", extra={"database": describe(url), "embedded": True,
                                        "data_dir": str(Path(data_dir).resolve())})
     return url
+
+
+def session_database_url(url: str, environ: Mapping[str, str] | None = None) -> str:
+    """The URL of the connections that need a session of their own (the
+    worker's LISTEN and vacuum, the statement import): ``VPAY_SESSION_DATABASE_URL``
+    (``environ``, default ``os.environ``), checked like ``check_url``
+    (``ConfigError`` naming it), else ``url`` (the pools' URL). Behind a
+    transaction-pooling bouncer it must point at Postgres itself or at a
+    session-mode pool (docs/deployment.md, "pgbouncer"). Logs which one
+    when it is set."""
+    env = os.environ if environ is None else environ
+    session = env.get(SESSION_URL, "").strip()
+    if not session:
+        return url
+    check_url(session, SESSION_URL)
+    log.info("session database in use", extra={"database": describe(session)})
+    return session
+
+
+def session_connect(url: str, application_name: str, timeout: float | None = None,
+                    **kwargs) -> psycopg.Connection:
+    """One autocommit connection of its own to ``url`` (a session URL: the
+    listener, the vacuum), named ``application_name`` (cut to Postgres's 63
+    bytes), with the settings' ``connect_kwargs`` and a ``connect_timeout``
+    of ``timeout`` seconds (default ``open_timeout()``). Sets no startup
+    ``options``: pgbouncer refuses the connection for them (``unsupported
+    startup parameter: options``); set a GUC with ``SET`` after connecting."""
+    if timeout is None:
+        timeout = open_timeout()
+    return psycopg.connect(url, autocommit=True, application_name=application_name[:63],
+                           connect_timeout=max(1, round(timeout)), **connect_kwargs(), **kwargs)
 
 
 def check_if_idle(conn: psycopg.Connection) -> None:
@@ -163,6 +258,10 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
     ``wait=False`` returns at once and lets the pool's own thread open its
     ``min_size`` connections (and keep retrying while the database is away):
     nothing raises here, a checkout waits or times out instead.
+
+    Every connection gets ``connect_kwargs()`` (no server-side prepared
+    statements with ``VPAY_DATABASE_PREPARED_STATEMENTS=off``; a bad value
+    raises ``ConfigError`` here).
     """
     if timeout is None:
         timeout = open_timeout()
@@ -173,7 +272,8 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
         name=name,
         open=False,
         # application_name: pg_stat_activity shows whose connections these are
-        kwargs={"autocommit": True, "application_name": name},
+        # connect_kwargs: prepare_threshold=None with VPAY_DATABASE_PREPARED_STATEMENTS=off
+        kwargs={"autocommit": True, "application_name": name, **connect_kwargs()},
         check=check_if_idle,
         # Bounded, so the pool's back-off restarts within seconds after a long
         # outage (unbounded, it doubles for ever: ~30 s late after 90 s down);
@@ -226,6 +326,8 @@ def open_timeout() -> float:
 
 
 def connect(url: str) -> psycopg.Connection:
-    """One autocommit connection, for commands that need no pool; gives up
-    after ``open_timeout()`` seconds (``psycopg.OperationalError``)."""
-    return psycopg.connect(url, autocommit=True, connect_timeout=max(1, round(open_timeout())))
+    """One autocommit connection, for commands that need no pool, with
+    ``connect_kwargs()``; gives up after ``open_timeout()`` seconds
+    (``psycopg.OperationalError``)."""
+    return psycopg.connect(url, autocommit=True, connect_timeout=max(1, round(open_timeout())),
+                           **connect_kwargs())

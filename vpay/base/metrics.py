@@ -28,6 +28,7 @@ imported, because ``prometheus_client`` picks its value store at import.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -103,6 +104,24 @@ LISTENER_RECONNECTS = Counter(
     "unresponsive (its connection did not answer a ping within the bound, "
     "VPAY_LISTENER_DEAD_AFTER_SECONDS; vpay/engine/liveness.py) or lost (the connection failed).",
     ["cause"], registry=REGISTRY)
+DATABASE_PARTS = frozenset({"claim", "handler", "outcome", "listener", "leases", "reaper", "gauge",
+                            "rebalance"})
+"""The ``part`` labels of ``vpay_database_errors``: where in the worker a
+database statement failed."""
+
+DATABASE_ERRORS = Counter(
+    "vpay_database_errors", "Database statements of this worker that failed (a dropped connection, "
+    "a refused or broken query: any psycopg error), by part of the worker: claim, handler, outcome, "
+    "listener, leases, reaper, gauge, rebalance.", ["part"], registry=REGISTRY)
+
+DATABASE_ERROR_WINDOW_SECONDS = 60.0
+"""``vpay_database_up`` is 0 for this long after any statement of the worker
+failed (``database_error``), even when the scrape's own snapshot answers: a
+database that answers one query and fails the next (a transaction-pooling
+bouncer mixing up prepared statements, issue 25) is not up. A minute is one
+scrape at the slowest usual interval."""
+
+_last_database_error: float | None = None  # time.monotonic() of the latest database_error()
 
 POLL_KINDS = frozenset({"poll", "refund_poll"})
 """Job kinds whose work is a status read: their lateness is observed."""
@@ -176,6 +195,22 @@ def listener_reconnected(cause: str) -> None:
     """Count one reconnection of the wake-up listener (``vpay.engine.wake``):
     ``unresponsive`` or ``lost``."""
     LISTENER_RECONNECTS.labels(cause).inc()
+def database_error(part: str) -> None:
+    """A database statement of the worker failed in ``part`` (one of
+    ``DATABASE_PARTS``, else ``other``): counted, and ``vpay_database_up``
+    reads 0 for ``DATABASE_ERROR_WINDOW_SECONDS`` from now."""
+    global _last_database_error
+    _last_database_error = time.monotonic()
+    DATABASE_ERRORS.labels(part if part in DATABASE_PARTS else OTHER).inc()
+
+
+def database_failed_recently(now: float | None = None) -> bool:
+    """Whether ``database_error`` was called in the last
+    ``DATABASE_ERROR_WINDOW_SECONDS`` before ``now`` (``time.monotonic()``)."""
+    last = _last_database_error
+    if last is None:
+        return False
+    return (time.monotonic() if now is None else now) - last < DATABASE_ERROR_WINDOW_SECONDS
 
 
 def webhook_attempt(result: str) -> None:

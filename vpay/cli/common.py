@@ -101,14 +101,26 @@ def open_database(pool_size: int | None = None):
     With ``pool_size``, that connection is closed and a pool of that size
     is opened (bounded the same way) and returned instead: a pool alone
     would retry a refused server for the whole bound and then say only
-    "pool initialization incomplete"."""
+    "pool initialization incomplete".
+
+    With ``VPAY_DATABASE_PREPARED_STATEMENTS`` on, the URL is first probed
+    for a transaction-pooling bouncer (``vpay.base.pooling``: one more
+    connection and a dozen one-row queries) and refused (``ConfigError``,
+    78) when it is one: prepared statements would fail or run another
+    client's."""
     import psycopg
     from psycopg_pool import PoolTimeout
 
+    from vpay.base import pooling
     from vpay.base.db import connect, database_url, describe, make_pool
     url = database_url()
     try:
         conn = connect(url)
+        try:
+            pooling.refuse_prepared_behind_pooler(url, first=conn)
+        except BaseException:
+            conn.close()
+            raise
     except psycopg.OperationalError as exc:
         exc.vpay_where = describe(url)
         raise
@@ -124,16 +136,45 @@ def open_database(pool_size: int | None = None):
 
 def open_db(pool_size: int | None = None):
     """``(url, pool)``: ``open_database`` for a pool of ``pool_size``, or the
-    URL alone (``pool`` None, nothing contacted) without one."""
+    URL alone (``pool`` None) without one, for a service that starts while
+    the database is down (the API, the console): then the URL is probed for
+    a transaction-pooling bouncer only if the database answers within
+    ``pooling.PROBE_CONNECT_TIMEOUT_SECONDS`` (``pooling.check_or_warn``:
+    ``ConfigError``, 78, when prepared statements are on behind one)."""
     if pool_size is None:
+        from vpay.base import pooling
         from vpay.base.db import database_url
-        return database_url(), None
+        url = database_url()
+        pooling.check_or_warn(url)
+        return url, None
     return open_database(pool_size)
 
 
 def connect_db():
     """One autocommit connection for a one-shot command (``open_database``)."""
     return open_database()[1]
+
+
+def connect_session_db():
+    """One autocommit connection to the session URL (``VPAY_SESSION_DATABASE_URL``,
+    default ``VPAY_DATABASE_URL``), for a one-shot command that keeps state in
+    its session (the statement import: temporary tables, a session lock),
+    which a transaction-pooling bouncer would scatter over server connections.
+    Checked, bounded and reported like ``open_database``; probed like the
+    worker's session URL (``pooling.refuse_pooled_session``: 78 when it is
+    pooled per transaction)."""
+    import psycopg
+
+    from vpay.base import pooling
+    from vpay.base.db import SESSION_URL, connect, database_url, describe, session_database_url
+    url = database_url()
+    session = session_database_url(url)
+    try:
+        pooling.refuse_pooled_session(session, explicit=bool(os.environ.get(SESSION_URL, "").strip()))
+        return connect(session)
+    except psycopg.OperationalError as exc:
+        exc.vpay_where = describe(session)
+        raise
 
 
 class _Quiet(logging.Filter):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from vpay.cli.common import Duration, connect_db
+from vpay.cli.common import Duration, connect_db, connect_session_db
 from vpay.cli.errors import NotFound, Refused
 from vpay.cli.output import echo_text, emit, json_option
 
@@ -68,7 +68,9 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
         raw = read_path(file)  # the header is read; the lines are read while judging
     except BadFile as exc:
         raise Refused(f"{file.name}: {exc}") from None
-    with connect_db() as conn:
+    # Its temporary tables and its per-rail lock live in the session: the
+    # session URL, never a transaction-pooled one (docs/deployment.md, "pgbouncer").
+    with connect_session_db() as conn:
         try:
             result = importer.run_audited(conn, raw, rail=rail, profile=chosen, file_name=file.name,
                                           apply=apply, lag_seconds=lag, period=period)

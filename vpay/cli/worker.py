@@ -1,6 +1,7 @@
 """``vpay-server worker`` / ``vpay-worker``: the reconciler worker.
 
-Exit codes: 0 clean drain, 1 timed-out drain, 2 usage error, 78 configuration
+Exit codes: 0 clean drain, 1 drain not clean (timed out, or jobs whose outcome
+could not be written were still leased), 2 usage error, 78 configuration
 refused, 69 database unreachable at boot, 70 a claim loop crashed.
 """
 
@@ -57,7 +58,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     Its --worker-concurrency claim loops are split among the lanes it serves
     (--queues), each lane with loops of its own; see vpay/lanes.py.
 
-    Exit codes: 0 clean drain, 1 timed-out drain (leases released), 2 usage
+    Exit codes: 0 clean drain, 1 drain not clean (timed out, or jobs whose
+    outcome could not be written were still leased; leases released), 2 usage
     error, 78 configuration refused, 69 database unreachable at boot, 70 a
     claim loop crashed (a bug; "anything else is a crash", and systemd
     restarts the worker)."""
@@ -103,7 +105,11 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     from vpay.engine.vacuum import every_from_env
     from vpay.engine.liveness import dead_after_from_env
     from vpay.base import secretbox
+    from vpay.base.db import prepared_statements, session_database_url
     try:
+        # "" when unset (then the pool's URL); a URL that cannot be meant is
+        # refused here, before any connection
+        session_url = session_database_url("")
         settings = Settings.from_env()
         timeouts()
         rails = configured_rails()
@@ -118,9 +124,22 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     collector = _serve_metrics(metrics_port, metrics_bind)
     import psycopg
     from psycopg_pool import PoolTimeout
+    from vpay.base import pooling
     try:
-        # The same bound and message as every command (VPAY_DATABASE_OPEN_TIMEOUT_SECONDS).
-        _, pool = open_database(pool_size=MAX_CONNECTIONS)
+        # The same bound and message as every command (VPAY_DATABASE_OPEN_TIMEOUT_SECONDS);
+        # with prepared statements on, a transaction-pooling bouncer is refused there (78).
+        url, pool = open_database(pool_size=MAX_CONNECTIONS)
+        try:
+            # The listener and the vacuum need a session: a transaction-pooled
+            # session URL would never deliver a wake-up (vpay/base/pooling.py).
+            # Unset with prepared statements on, it is the URL just probed.
+            if session_url or not prepared_statements():
+                pooling.refuse_pooled_session(session_url or url, explicit=bool(session_url))
+        except BaseException:
+            pool.close()
+            raise
+    except ConfigError as exc:
+        refuse(str(exc))
     except (psycopg.OperationalError, PoolTimeout) as exc:
         # Not a drain (1) and not a refused configuration (78): systemd retries.
         line = _unavailable_line(exc)
@@ -141,7 +160,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                           shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,
                           idle_sleep=idle_sleep, queues=served, lane_concurrency=overrides,
                           passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
-                          jobs_vacuum_every=jobs_vacuum_every, listener_dead_after=listener_dead_after)
+                          jobs_vacuum_every=jobs_vacuum_every, listener_dead_after=listener_dead_after,
+                          session_url=session_url or url)
     from vpay.handlers import ensure_scheduled
     from vpay.webhooks.sealing import check_keys, plaintext_count
     with pool.connection() as conn:

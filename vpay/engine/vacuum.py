@@ -21,9 +21,14 @@ The shape:
   process (``JobsVacuum``, beside the heartbeat and the reaper) runs
   ``vacuum_jobs`` (sql/queries/maintenance.sql), but never sooner than
   ``MIN_INTERVAL_SECONDS`` after its previous one began.
-* The vacuum runs on a connection of its own, opened for it and closed after
-  (never one of the pool's, which the claim loops and handlers use; and its
-  ``statement_timeout`` of ``TIMEOUT_SECONDS`` dies with it).
+* The vacuum runs on a connection of its own to the session URL
+  (``VPAY_SESSION_DATABASE_URL``, default ``VPAY_DATABASE_URL``), opened for
+  it and closed after (never one of the pool's, which the claim loops and
+  handlers use). Its ``statement_timeout`` of ``TIMEOUT_SECONDS`` is a
+  ``SET`` after connecting, not a startup ``options`` (which pgbouncer
+  refuses: ``unsupported startup parameter: options``), and is reset after
+  the vacuum; a session-mode pgbouncer also resets it when the client
+  leaves (``server_reset_query``).
 * ``VACUUM (SKIP_LOCKED)``: when ``jobs`` is being vacuumed already (another
   replica's vacuum, autovacuum, an operator) this one is skipped at once
   instead of queueing behind it, so replicas never pile up. Each replica
@@ -58,7 +63,7 @@ from typing import Mapping
 import psycopg
 
 from vpay.base import metrics
-from vpay.base.db import ConfigError
+from vpay.base.db import ConfigError, session_connect
 from vpay.base.queries import Q
 
 log = logging.getLogger("vpay.worker")
@@ -113,8 +118,9 @@ _LOCK_NOT_AVAILABLE = "55P03"
 
 
 def vacuum_jobs(url: str, timeout: float = TIMEOUT_SECONDS, application_name: str = "vpay-vacuum") -> tuple[str, str | None]:
-    """Run ``vacuum_jobs`` once on a new autocommit connection to ``url``,
-    with a ``statement_timeout`` of ``timeout`` seconds. Answers ``(result,
+    """Run ``vacuum_jobs`` once on a new autocommit connection to ``url`` (the
+    session URL; ``vpay.base.db.session_connect``: no startup options), with
+    a ``statement_timeout`` of ``timeout`` seconds set after connecting. Answers ``(result,
     detail)``: ``("done", None)``; ``("skipped", message)`` when ``jobs`` was
     being vacuumed by someone else; ``("error", message)`` when the vacuum
     could not run (the timeout, a database error, a role that may not
@@ -127,11 +133,16 @@ def vacuum_jobs(url: str, timeout: float = TIMEOUT_SECONDS, application_name: st
             warnings.append((diag.sqlstate, diag.message_primary))
 
     try:
-        with psycopg.connect(url, autocommit=True, application_name=application_name[:63],
-                             connect_timeout=max(1, round(timeout)),
-                             options=f"-c statement_timeout={max(1, round(timeout * 1000))}") as conn:
+        with session_connect(url, application_name, timeout) as conn:
+            # VACUUM cannot run inside a transaction block, so no SET LOCAL:
+            # a session SET, taken back after it.
+            conn.execute(f"SET statement_timeout = {max(1, round(timeout * 1000))}")
             conn.add_notice_handler(keep)
-            conn.execute(Q["vacuum_jobs"])
+            try:
+                conn.execute(Q["vacuum_jobs"])
+            finally:
+                if not conn.broken:
+                    conn.execute("RESET statement_timeout")
     except psycopg.Error as exc:
         return "error", f"{type(exc).__name__}: {exc}"[:300]
     for sqlstate, message in warnings:

@@ -10,8 +10,12 @@ Design: docs/design/rails.md, "Waking on commit"; issue #15. The shape:
   transaction are collapsed: a batch of a thousand jobs is one wake-up.
 * One ``Listener`` thread per worker process holds its own session-level
   autocommit connection (never one of the pool's: a pooled connection is
-  handed to others, and ``LISTEN`` belongs to the session). It hands each
-  notification to the ``Waker``.
+  handed to others, and ``LISTEN`` belongs to the session), to the session
+  URL (``VPAY_SESSION_DATABASE_URL``, default ``VPAY_DATABASE_URL``): behind
+  a transaction-pooling bouncer, Postgres itself or a session-mode pool,
+  since a ``LISTEN`` through transaction pooling never delivers (the worker
+  refuses to start so: vpay/base/pooling.py). It hands each notification to
+  the ``Waker``.
 * The ``Waker`` wakes ONE idle claim loop serving that lane. A loop that
   then claims a job wakes one more idle sibling (``spread``), so a backlog
   spreads to as many loops as it keeps busy, at the price of one empty claim
@@ -56,6 +60,7 @@ from typing import Any, Callable, Iterable, Sequence
 import psycopg
 
 from vpay.base import metrics
+from vpay.base.db import session_connect
 from vpay.engine.liveness import Liveness, ListenerUnresponsive, ping
 
 log = logging.getLogger("vpay.worker")
@@ -202,9 +207,12 @@ class Listener(threading.Thread):
     once. With ``claim(conn, lanes)`` (the worker's), each notification is
     ``Waker.claim_for``: the listener claims on ``conn`` for the loop it
     wakes; without, ``Waker.notify``. ``connected`` is set while listening;
-    ``connections`` counts successful connects (tests). ``liveness`` bounds
-    how long a connection that stopped answering is kept
-    (``vpay.engine.liveness``; default 30 s)."""
+    ``connections`` counts successful connects (tests), ``notifications``
+    the notifications received (the gauge line: proof that wake-ups arrive
+    through the session URL). ``url`` is the session URL
+    (``VPAY_SESSION_DATABASE_URL``). ``liveness`` bounds how long a
+    connection that stopped answering is kept (``vpay.engine.liveness``;
+    default 30 s)."""
 
     def __init__(self, url: str, waker: Waker, halt: threading.Event, worker_id: str = "",
                  claim: Callable[[psycopg.Connection, tuple[str, ...]], Any] | None = None,
@@ -218,10 +226,17 @@ class Listener(threading.Thread):
         self.worker_id = worker_id
         self.connected = threading.Event()
         self.connections = 0
+        self.notifications = 0
         self.backend_pid: int | None = None
         self._listening_since: float | None = None
         self._cause = ""  # why the last connection ended: unresponsive, lost
         self._down_since: float | None = None
+
+    def snapshot(self) -> dict:
+        """For the gauge line: ``listening`` (connected now), ``connections``
+        (successful connects since boot), ``notifications`` (received since boot)."""
+        return {"listening": self.connected.is_set(), "connections": self.connections,
+                "notifications": self.notifications}
 
     def run(self) -> None:
         backoff = 0.5
@@ -232,6 +247,7 @@ class Listener(threading.Thread):
                 self._listen()  # returns when the worker halts
                 backoff, down_since, warned = 0.5, None, False
             except psycopg.Error as exc:
+                metrics.database_error("listener")
                 self.connected.clear()
                 now = time.monotonic()
                 if self._listening_since is not None:  # it was listening: a new outage
@@ -264,9 +280,9 @@ class Listener(threading.Thread):
 
     def _listen(self) -> None:
         live = self.liveness
-        with psycopg.connect(self.url, autocommit=True,
-                             application_name=f"vpay-listener {self.worker_id}"[:63],
-                             **live.params(self.url)) as conn:
+        params = live.params(self.url)
+        timeout = params.pop("connect_timeout")
+        with session_connect(self.url, f"vpay-listener {self.worker_id}", timeout=timeout, **params) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             self.backend_pid = conn.info.backend_pid
             self._listening_since = time.monotonic()
@@ -290,7 +306,7 @@ class Listener(threading.Thread):
                     # connection. A ping with its own deadline tells them
                     # apart (raises ListenerUnresponsive; liveness.py).
                     lanes = ping(conn, live.ping_timeout)
-                    heard = time.monotonic()
+                self.notifications += len(lanes)
                 for lane in lanes:
                     self._hand_on(conn, lane)
                 if lanes:
@@ -308,6 +324,7 @@ class Listener(threading.Thread):
         except psycopg.Error as exc:
             if conn.broken or conn.closed:
                 raise  # reconnect; the loop it was for claims itself
+            metrics.database_error("listener")
             # The connection is fine (a read-only server, a
             # statement error): the woken loop claims itself.
             log.info("listener's claim failed; the loop claims itself",

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 
 from prometheus_client.core import GaugeMetricFamily
 
+from vpay.base import metrics
 from vpay.money.alert_kinds import ALERT_KINDS
 from vpay.rails.port import KNOWN_RAILS
 
@@ -34,9 +35,14 @@ class DatabaseCollector:
     state}``, ``vpay_alerts_open{kind}``, ``vpay_charges{status}``,
     ``vpay_webhook_endpoints_disabled``, ``vpay_rail_paused_seconds{rail}``
     (seconds left of the rail's fleet-wide pause, table ``rail_pauses``; 0
-    when none) and ``vpay_database_up`` (1 when the
-    snapshot query answered within its bound, else 0 and the other families
-    are empty: a number from an unanswered query would be a lie).
+    when none) and ``vpay_database_up`` (1 when the snapshot query answered
+    within its bound and no statement of this worker failed in the last
+    ``metrics.DATABASE_ERROR_WINDOW_SECONDS``, else 0).
+    When the snapshot did not answer, the other families are empty: a
+    number from an unanswered query would be a lie; when it answered but
+    the worker's own statements fail (a database that answers one query
+    and breaks the next: a transaction-pooling bouncer with prepared
+    statements, issue 25), its numbers are reported and ``up`` is still 0.
 
     ``pool`` is a ``psycopg_pool.ConnectionPool`` (``None`` until attached:
     then every family is empty and ``vpay_database_up`` is 0). ``lanes``
@@ -89,7 +95,9 @@ class DatabaseCollector:
                                    "asked by its 429/503 Retry-After, honoured by every process "
                                    "(rail_pauses); 0 when not paused.", labels=["rail"])
         up = GaugeMetricFamily("vpay_database_up", "1 when the scrape's database snapshot answered "
-                               f"within {STATEMENT_TIMEOUT_MS} ms, else 0.")
+                               f"within {STATEMENT_TIMEOUT_MS} ms and no statement of this worker failed "
+                               f"in the last {metrics.DATABASE_ERROR_WINDOW_SECONDS:g} s "
+                               "(vpay_database_errors), else 0.")
         if rows is not None:
             values: dict[tuple, float] = {}
             for lane in self.lanes:
@@ -115,7 +123,7 @@ class DatabaseCollector:
                     disabled.add_metric([], n)
                 elif family == "rail_paused_seconds":
                     paused.add_metric([a], n)
-        up.add_metric([], 0 if rows is None else 1)
+        up.add_metric([], 0 if rows is None or metrics.database_failed_recently() else 1)
         return [queue, alerts, charges, disabled, paused, up]
 
 

@@ -72,12 +72,14 @@ class GaugeLine:
     STATUS= with it. ``loops``: the lanes each claim loop serves;
     ``rail_pauses``: the dispatcher's per-rail end of backpressure
     (``Dispatcher.rail_pauses``); ``jobs_vacuum``: the worker's own vacuum
-    thread, if on."""
+    thread, if on; ``listener``: the wake-up listener's
+    ``Listener.snapshot`` (``None`` when there is none)."""
 
     def __init__(self, pool: ConnectionPool, gauge: Gauge, loops: Sequence[tuple[str, ...]],
                  worker_id: str, notifier: Notifier,
                  rail_pauses: Callable[[], dict[str, str | None]],
-                 jobs_vacuum: vacuum.JobsVacuum | None):
+                 jobs_vacuum: vacuum.JobsVacuum | None,
+                 listener: Callable[[], dict | None] = lambda: None):
         self.pool = pool
         self.gauge = gauge
         self.loops = loops
@@ -85,6 +87,7 @@ class GaugeLine:
         self.notifier = notifier
         self.rail_pauses = rail_pauses
         self.jobs_vacuum = jobs_vacuum
+        self.listener = listener
 
     def emit(self, final: bool = False) -> dict:
         """Log the gauge: the totals since boot and the queue depth as
@@ -92,7 +95,8 @@ class GaugeLine:
         ``dead``), and ``lanes``: the same per lane, plus ``loops`` (this
         worker's loops serving that lane). Depths are -1 when the database
         cannot be read. With the worker's own vacuum on, ``jobs_vacuum``:
-        ``vacuum.JobsVacuum.snapshot()``. Answers the line's fields."""
+        ``vacuum.JobsVacuum.snapshot()``; with a listener, ``listener``:
+        ``Listener.snapshot()``. Answers the line's fields."""
         counts: dict = self.gauge.snapshot()
         per_lane = self.gauge.lane_snapshot()
         unknown = {"due": -1, "leased": -1, "dead": -1}
@@ -101,6 +105,7 @@ class GaugeLine:
                 counts |= queue.depth(conn)
                 depths = queue.depth_by_lane(conn)
         except psycopg.Error:
+            metrics.database_error("gauge")
             counts |= unknown
             depths = {}
         for lane, row in per_lane.items():
@@ -111,6 +116,8 @@ class GaugeLine:
         counts["lanes"] = per_lane
         if self.jobs_vacuum is not None:
             counts["jobs_vacuum"] = self.jobs_vacuum.snapshot()
+        if (listening := self.listener()) is not None:
+            counts["listener"] = listening
         log.info("gauge", extra={"worker_id": self.worker_id, "final": final, **counts,
                                  "rail_paused_until": self.rail_pauses()})
         self.notifier.status(status)

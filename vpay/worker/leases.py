@@ -18,6 +18,7 @@ import uuid
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from vpay.base import metrics
 from vpay.engine import queue
 
 log = logging.getLogger("vpay.worker")
@@ -42,6 +43,7 @@ class Leases:
         self.lease = lease
         self.inflight: dict[uuid.UUID, queue.Job] = {}
         self.unanswered: dict[uuid.UUID, None] = {}
+        self._unrecorded: dict[uuid.UUID, None] = {}
         self._lock = threading.Lock()
 
     def hold(self, job: queue.Job) -> None:
@@ -73,6 +75,7 @@ class Leases:
             with self.pool.connection() as conn:
                 queue.renew(conn, self.worker_id, tokens, self.lease)
         except psycopg.Error as exc:
+            metrics.database_error("leases")
             log.warning("could not renew leases", extra={"worker_id": self.worker_id,
                                                          "error": str(exc)[:300]})
 
@@ -84,9 +87,44 @@ class Leases:
             with self.pool.connection(timeout=5) as conn:
                 return queue.release(conn, self.worker_id, tokens)
         except psycopg.Error as exc:
+            metrics.database_error("leases")
             log.error("could not release leases; they will be reaped",
                       extra={"worker_id": self.worker_id, "error": str(exc)[:300]})
             return 0
+
+    def unrecorded(self, job: queue.Job) -> None:
+        """``job``'s outcome could not be written (the database refused the
+        write or stayed away past the retries): its lease is still ours, kept
+        by token (at most ``MAX_UNANSWERED``, oldest dropped first) for the
+        drain to release and report (``release_unrecorded``)."""
+        with self._lock:
+            self._unrecorded[job.lease_token] = None
+            while len(self._unrecorded) > MAX_UNANSWERED:
+                del self._unrecorded[next(iter(self._unrecorded))]
+
+    def release_unrecorded(self) -> int | None:
+        """Release the leases of the jobs whose outcome could not be written
+        (``unrecorded``), fenced on this worker and their tokens; answers how
+        many were still leased to us (now released: due at once for any
+        worker), 0 when none was (none kept, or reaped meanwhile), ``None``
+        when the database could not be reached (they stay leased until
+        reaped). For the drain's verdict: it is clean only on 0."""
+        with self._lock:
+            tokens = list(self._unrecorded)
+        if not tokens:
+            return 0
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                released = queue.release(conn, self.worker_id, tokens)
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.error("could not release the leases of jobs whose outcome was not written; "
+                      "they will be reaped", extra={"worker_id": self.worker_id, "jobs": len(tokens),
+                                                    "error": str(exc)[:300]})
+            return None
+        with self._lock:
+            for token in tokens:
+                self._unrecorded.pop(token, None)
+        return released
 
     def hand_back(self, token: uuid.UUID) -> None:
         """A claim statement under ``token`` failed without an answer. If it

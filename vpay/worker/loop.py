@@ -30,7 +30,10 @@ the drain". The parts, each in a module of its own:
   vpay/worker/gauge.py).
 * A signal stops claiming; in-flight jobs get ``shutdown_grace`` seconds from
   the signal. All done → ``Drain.CLEAN``. Otherwise the leases still held are
-  released (due at once for another worker) → ``Drain.TIMED_OUT``. A claim
+  released (due at once for another worker) → ``Drain.TIMED_OUT``; so too
+  when a job whose outcome could not be written (the database refused or
+  stayed away) was still leased to this worker at the drain: it is released
+  then, and the drain is not called clean (``Leases.release_unrecorded``). A claim
   loop that died (a bug: database errors and bad answers are survived) ends
   the worker with ``Drain.CRASHED``, never a clean exit.
 """
@@ -88,6 +91,9 @@ class WorkerConfig:
     listener_dead_after: float = DEAD_AFTER_SECONDS
     """Seconds within which a wake-up listener that stopped answering is
     replaced (``VPAY_LISTENER_DEAD_AFTER_SECONDS``; vpay/engine/liveness.py)."""
+    session_url: str | None = None
+    """The URL of the connections that need a session: the listener's and the
+    vacuum's (``VPAY_SESSION_DATABASE_URL``); ``None``: the pool's."""
 
     def loops(self) -> list[tuple[str, ...]]:
         """The lanes each claim loop serves (``lanes.split``)."""
@@ -154,12 +160,14 @@ class Worker:
         self.fairness = fairness.Rebalancer()
         self.listener: Listener | None = None
         self.jobs_vacuum: vacuum.JobsVacuum | None = None
+        self.session_url = config.session_url or pool.conninfo
         if config.jobs_vacuum_every > 0:
-            self.jobs_vacuum = vacuum.JobsVacuum(pool.conninfo, config.jobs_vacuum_every,
+            self.jobs_vacuum = vacuum.JobsVacuum(self.session_url, config.jobs_vacuum_every,
                                                  self._halt, config.worker_id)
         self._beats: list[float] = [time.monotonic()] * config.concurrency
         self.gauge_line = GaugeLine(pool, self.gauge, self.loops, config.worker_id, self.notifier,
-                                    lambda: self.ctx.rail_pauses(), self.jobs_vacuum)
+                                    lambda: self.ctx.rail_pauses(), self.jobs_vacuum,
+                                    lambda: self.listener.snapshot() if self.listener else None)
         self.heartbeat = maintenance.Heartbeat(self.leases, config.lease, self._halt)
         self.reaper = maintenance.Reaper(pool, config.worker_id, self.gauge, config.lease, self._halt)
         self.gauge_timer = maintenance.GaugeTimer(self.gauge_line, self._halt)
@@ -188,6 +196,7 @@ class Worker:
                         with self.pool.connection() as conn:
                             job, next_due = self._claim_on(conn, served)
                     except psycopg.Error as exc:  # any database error: back off, never end the loop
+                        metrics.database_error("claim")
                         log.warning("claim failed; database unavailable",
                                     extra={"worker_id": self.config.worker_id, "error": str(exc)[:300]})
                         self._stopping.wait(backoff)
@@ -244,6 +253,7 @@ class Worker:
             with self.pool.connection(timeout=5) as conn:
                 placed, aged = self.fairness.rebalance(conn, lane)
         except (psycopg.Error, PoolTimeout) as exc:
+            metrics.database_error("rebalance")
             log.warning("lane rebalance failed", extra={"worker_id": self.config.worker_id,
                                                         "lane": lane, "error": str(exc)[:300]})
             return
@@ -282,15 +292,22 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - any handler failure is retried, never fatal
             outcome = None
             error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, (psycopg.Error, PoolTimeout)):
+                metrics.database_error("handler")
             log.error("handler raised", extra=job_extra(
                 wid, job, error=error, traceback=traceback.format_exc(limit=8)))
         elapsed = round(time.monotonic() - started, 3)
         try:
             kept, nxt = self.outcomes.apply(job, outcome, error, claim_next)
         except Exception as exc:  # noqa: BLE001 - the claim loop must outlive any one job
-            # A database that stayed away past the retries, or an answer that
-            # is not an Outcome: the lease is left to the reaper, which counts
-            # the failure and parks the job after MAX_FAILURES.
+            # A database that stayed away past the retries, a statement it
+            # refused, or an answer that is not an Outcome: the lease is left
+            # to the reaper, which counts the failure and parks the job after
+            # MAX_FAILURES. Kept, so the drain cannot call itself clean while
+            # the job is still leased to us (Leases.release_unrecorded).
+            if isinstance(exc, (psycopg.Error, PoolTimeout)):
+                metrics.database_error("outcome")
+            self.leases.unrecorded(job)
             log.error("could not record the job's outcome; its lease will be reaped",
                       extra=job_extra(wid, job, error=f"{type(exc).__name__}: {exc}"[:300]))
             metrics.job_finished(job, outcome, None, elapsed)
@@ -337,7 +354,7 @@ class Worker:
                                                 cfg.idle_sleep, cfg.worker_id, wd, self._halt))
         if cfg.listen:
             # Its own session-level connection, never one of the pool's (wake.py).
-            self.listener = Listener(self.pool.conninfo, self.waker, self._halt, cfg.worker_id,
+            self.listener = Listener(self.session_url, self.waker, self._halt, cfg.worker_id,
                                      claim=self._listener_claim,
                                      liveness=Liveness(cfg.listener_dead_after))
             helpers.append(self.listener)
@@ -381,16 +398,27 @@ class Worker:
         self.leases.release_unanswered()  # the heartbeat will not come round again
         if not pending:
             executor.shutdown(wait=True)
+            # After the loops: none can add to it any more.
+            unrecorded = self.leases.release_unrecorded()
             self.gauge_line.emit(final=True)
             if crashed:  # never "clean": systemd must restart us (Restart=on-failure)
                 log.error("drain after a claim loop crashed",
                           extra={"worker_id": cfg.worker_id, "drain": "crashed"})
                 return Drain.CRASHED
+            if unrecorded is None or unrecorded > 0:
+                # Not clean: jobs whose outcome could not be written were still
+                # leased to us (issue 25: a "clean" drain left 2 jobs leased).
+                log.warning("drain not clean: jobs whose outcome could not be written were still leased",
+                            extra={"worker_id": cfg.worker_id, "drain": "unrecorded",
+                                   "released": unrecorded or 0,
+                                   "left_leased": "unknown" if unrecorded is None else 0})
+                return Drain.TIMED_OUT
             log.info("drain clean", extra={"worker_id": cfg.worker_id, "drain": "clean"})
             return Drain.CLEAN
         released = self.leases.release(self.leases.held())
+        unrecorded = self.leases.release_unrecorded()
         self.gauge_line.emit(final=True)
         log.warning(f"drain timed out: released={released}",
                     extra={"worker_id": cfg.worker_id, "drain": "timed_out", "released": released,
-                           "hurried": self.signals.hurry.is_set()})
+                           "unrecorded_released": unrecorded, "hurried": self.signals.hurry.is_set()})
         return Drain.CRASHED if crashed else Drain.TIMED_OUT

@@ -19,6 +19,7 @@ import time
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from vpay.base import metrics
 from vpay.engine import queue
 from vpay.worker.gauge import Gauge, GaugeLine
 from vpay.worker.leases import Leases
@@ -93,6 +94,7 @@ class Reaper(Service):
         try:
             self.reap()
         except psycopg.Error as exc:  # the timer must outlive any database error
+            metrics.database_error("reaper")
             log.warning("reaper could not reach the database", extra={"error": str(exc)[:300]})
 
 

@@ -22,6 +22,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from vpay.base import metrics
 from vpay.engine import queue
 from vpay.engine.outcome import DeadLetter, Done, Outcome, RetryAfter
 from vpay.worker.gauge import Gauge
@@ -102,6 +103,7 @@ class OutcomeWriter:
             with self.pool.connection() as conn:
                 return self._write(conn, job, outcome, error, claim_next, next_token)
         except DB_ERRORS as exc:
+            metrics.database_error("outcome")
             # INFO: the retrying path logs an ERROR if it gives up
             log.info("could not record the job's outcome; retrying",
                      extra=job_extra(self.worker_id, job, error=str(exc)[:300]))

@@ -20,7 +20,8 @@ class Drain(enum.IntEnum):
     """How a worker ended; the value is its exit code (contract: exit codes)."""
 
     CLEAN = 0       # every in-flight job finished within the grace
-    TIMED_OUT = 1   # the grace ran out (or a second signal); leases were released
+    TIMED_OUT = 1   # the grace ran out (or a second signal), or jobs whose outcome could not
+                    # be written were still leased: leases were released (or left to the reaper)
     CRASHED = 70    # a claim loop died (EX_SOFTWARE): "anything else is a crash"
 
 
