@@ -18,4 +18,7 @@ SELECT 'alerts_open', kind, NULL, count(*) FROM alerts WHERE acknowledged_at IS 
 UNION ALL
 SELECT 'charges', status, NULL, count(*) FROM charges GROUP BY status
 UNION ALL
-SELECT 'webhook_endpoints_disabled', NULL, NULL, count(*) FROM webhook_endpoints WHERE NOT enabled;
+SELECT 'webhook_endpoints_disabled', NULL, NULL, count(*) FROM webhook_endpoints WHERE NOT enabled
+UNION ALL
+-- workers whose heartbeat is within their bound (sql/0024_workers.sql)
+SELECT 'workers_live', NULL, NULL, count(*) FROM worker_states WHERE state = 'live';

@@ -30,6 +30,7 @@ from vpay.cli.secrets import secrets
 from vpay.cli.statements import statements
 from vpay.cli.webhooks import webhooks
 from vpay.cli.worker import worker
+from vpay.cli.workers import workers
 
 
 @click.group(cls=VpayGroup)
@@ -46,7 +47,7 @@ def main(level: str | None) -> None:
 
 
 for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,
-                jobs, alerts, prune, charges, statements, secrets, console, operators):
+                jobs, alerts, prune, charges, statements, secrets, console, operators, workers):
     main.add_command(command)
 
 

@@ -101,12 +101,14 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     from vpay.rails.port import RailError
     from vpay.webhooks import timeouts
     from vpay.engine.vacuum import every_from_env
+    from vpay.engine.workers import dead_after_from_env
     from vpay.base import secretbox
     try:
         settings = Settings.from_env()
         timeouts()
         rails = configured_rails()
         jobs_vacuum_every = every_from_env()
+        dead_after = dead_after_from_env()  # VPAY_WORKER_DEAD_AFTER_SECONDS
         box = secretbox.default()  # webhook secrets are sealed under these keys
     except (ConfigError, RailError) as exc:
         refuse(str(exc))
@@ -136,7 +138,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                           shutdown_grace=shutdown_grace_seconds, lease=lease_seconds,
                           idle_sleep=idle_sleep, queues=served, lane_concurrency=overrides,
                           passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
-                          jobs_vacuum_every=jobs_vacuum_every)
+                          jobs_vacuum_every=jobs_vacuum_every, dead_after=dead_after)
     from vpay.handlers import ensure_scheduled
     from vpay.webhooks.sealing import check_keys, plaintext_count
     with pool.connection() as conn:

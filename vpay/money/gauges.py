@@ -1,6 +1,6 @@
 """The gauges read from the database at scrape (docs/observability.md):
 queue depth by lane and state, open alerts by kind, charges by status,
-disabled webhook endpoints. One bounded query (``metrics_snapshot`` in
+disabled webhook endpoints, live workers. One bounded query (``metrics_snapshot`` in
 ``sql/queries/metrics.sql``), its answer reused for ``CACHE_SECONDS``. Only
 the worker registers it (``vpay.base.metrics.serve``)."""
 
@@ -31,7 +31,8 @@ CHARGE_STATUSES = ("pending", "succeeded", "failed", "unresolved")
 class DatabaseCollector:
     """The gauges read from the database at scrape: ``vpay_queue_jobs{lane,
     state}``, ``vpay_alerts_open{kind}``, ``vpay_charges{status}``,
-    ``vpay_webhook_endpoints_disabled`` and ``vpay_database_up`` (1 when the
+    ``vpay_webhook_endpoints_disabled``, ``vpay_workers_live`` and
+    ``vpay_database_up`` (1 when the
     snapshot query answered within its bound, else 0 and the other families
     are empty: a number from an unanswered query would be a lie).
 
@@ -82,6 +83,8 @@ class DatabaseCollector:
         charges = GaugeMetricFamily("vpay_charges", "Charges by status.", labels=["status"])
         disabled = GaugeMetricFamily("vpay_webhook_endpoints_disabled",
                                      "Webhook endpoints that are disabled (410 Gone, or by an operator).")
+        live = GaugeMetricFamily("vpay_workers_live", "Workers whose heartbeat is within their "
+                                 "VPAY_WORKER_DEAD_AFTER_SECONDS (the workers table).")
         up = GaugeMetricFamily("vpay_database_up", "1 when the scrape's database snapshot answered "
                                f"within {STATEMENT_TIMEOUT_MS} ms, else 0.")
         if rows is not None:
@@ -94,6 +97,7 @@ class DatabaseCollector:
             for status in CHARGE_STATUSES:
                 values[("charges", status, None)] = 0
             values[("webhook_endpoints_disabled", None, None)] = 0
+            values[("workers_live", None, None)] = 0
             for family, a, b, n in rows:
                 values[(family, a, b)] = n
             for (family, a, b), n in sorted(values.items(), key=lambda kv: tuple(map(str, kv[0]))):
@@ -105,7 +109,9 @@ class DatabaseCollector:
                     charges.add_metric([a], n)
                 elif family == "webhook_endpoints_disabled":
                     disabled.add_metric([], n)
+                elif family == "workers_live":
+                    live.add_metric([], n)
         up.add_metric([], 0 if rows is None else 1)
-        return [queue, alerts, charges, disabled, up]
+        return [queue, alerts, charges, disabled, live, up]
 
 
