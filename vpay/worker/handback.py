@@ -2,8 +2,8 @@
 the database answers.
 
 Issue 25, "Outcomes after an outage". A handler's outcome is written back
-fenced on the lease (vpay/worker/outcomes.py), retried for 30 s through a
-brief outage. When the database stays away longer, the outcome is not
+fenced on the lease (vpay/worker/outcomes.py), retried for
+``outcomes.RETRY_SECONDS`` (30) through a brief outage. When the database stays away longer, the outcome is not
 dropped (which left the job leased to this live worker, which no longer ran
 it, until the lease ran out: up to 300 s, 7 minutes seen): it is kept here,
 the job stays held (the heartbeat renews its lease when it can), and the

@@ -8,10 +8,11 @@ with ``failure_backoff``, parked after ``queue.MAX_FAILURES`` in a row. A
 fenced write that matches nothing is not kept: the lease was lost. One
 attempt first; only a database error enters the retrying path, which asks
 the row whether an attempt whose answer was lost made the write
-(``queue.write_was_made``). An outage longer than the retrying path's 30 s
-hands the outcome to ``KeptOutcomes`` (vpay/worker/handback.py): the job stays
-held, and its fenced write is tried every second until the database answers,
-never left leased to this live worker without anyone writing it.
+(``queue.write_was_made``). An outage longer than the retrying path's
+``RETRY_SECONDS`` (30) hands the outcome to ``KeptOutcomes``
+(vpay/worker/handback.py): the job stays held, and its fenced write is tried
+every second until the database answers, never left leased to this live
+worker without anyone writing it.
 """
 
 from __future__ import annotations
@@ -69,11 +70,16 @@ def job_extra(worker_id: str, job: queue.Job, **more) -> dict:
             "lane": job.lane, "dedupe_key": job.dedupe_key, "attempts": job.attempts, **more}
 
 
+RETRY_SECONDS = 30.0
+"""How long the claim loop itself retries an outcome's write through a
+database outage (a restart, a dropped connection), with waits of at most
+2 s; past it the outcome is kept and written by the ``handback`` thread as
+soon as the database answers (vpay/worker/handback.py), and the loop goes on."""
+
+
 def _retry_db(fn):
-    """Apply a write through a brief database outage (a restart, a dropped
-    connection): up to 30 s, waits of at most 2 s. After that the outcome is
-    kept and written when the database answers (vpay/worker/handback.py)."""
-    return retry(retry=retry_if_exception_type(DB_ERRORS), stop=stop_after_delay(30),
+    """Apply a write through a brief database outage: up to ``RETRY_SECONDS``."""
+    return retry(retry=retry_if_exception_type(DB_ERRORS), stop=stop_after_delay(RETRY_SECONDS),
                  wait=wait_exponential(multiplier=0.2, max=2), reraise=True)(fn)
 
 
@@ -93,7 +99,7 @@ class OutcomeWriter:
         self.draining = draining
         self.kept = None
         """Where an outcome goes whose write met a database outage longer
-        than the retrying path's 30 s: a ``KeptOutcomes``
+        than ``RETRY_SECONDS``: a ``KeptOutcomes``
         (vpay/worker/handback.py), set by the worker; ``None``: the error is
         raised instead."""
 
@@ -101,9 +107,9 @@ class OutcomeWriter:
               claim_next: tuple[str, ...] | None = None) -> tuple[bool | None, queue.Job | None]:
         """Write the outcome (fenced): ``(kept, next job claimed or None)``.
         One attempt first; only a database error enters the retrying path
-        (tenacity, up to 30 s, fresh connections, no claim), so a healthy
+        (tenacity, up to ``RETRY_SECONDS``, fresh connections, no claim), so a healthy
         job pays for no retry machinery. ``kept`` is ``None`` when the
-        database stayed away past those 30 s: the outcome is then kept by
+        database stayed away past those: the outcome is then kept by
         ``kept`` (vpay/worker/handback.py) and written as soon as the database
         answers. ``error``: the handler's exception text when ``outcome`` is
         ``None``. Raises ``TypeError`` for an answer that is not an Outcome."""
@@ -122,11 +128,11 @@ class OutcomeWriter:
 
     def write_retrying(self, job: queue.Job, outcome: Outcome | None, error: str | None,
                        lost_answer: bool = False) -> bool | None:
-        """The retrying path of ``apply`` (``_retry_db``: up to 30 s), each
-        try a ``write_once``. ``lost_answer``: the first attempt's answer was
-        lost, so it may have committed. Past the 30 s the outcome is handed
-        to ``kept`` and ``None`` answered (raised instead when there is no
-        ``kept``)."""
+        """The retrying path of ``apply`` (``_retry_db``: up to
+        ``RETRY_SECONDS``), each try a ``write_once``. ``lost_answer``: the
+        first attempt's answer was lost, so it may have committed. Past
+        ``RETRY_SECONDS`` the outcome is handed to ``kept`` and ``None``
+        answered (raised instead when there is no ``kept``)."""
         lost = [lost_answer]
         try:
             return _retry_db(lambda: self.write_once(job, outcome, error, lost))()
