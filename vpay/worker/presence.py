@@ -1,7 +1,7 @@
-"""This worker's row in ``workers`` (vpay/engine/workers.py): registered at
-start, beaten by the heartbeat thread, marked stopped at the exit; and
-whether this worker has reached the database steadily enough to judge other
-workers dead by their heartbeats.
+"""This worker's row in ``workers``, and whether it may judge others dead.
+
+The row (vpay/engine/workers.py) is registered at start, beaten by the
+heartbeat thread, and marked stopped at the exit.
 
 Issue 25, "Workers as rows". The reaper (vpay/worker/maintenance.py) reaps a
 lease whose holder's heartbeat is older than the holder's bound only while
