@@ -387,15 +387,19 @@ SELECT sampled_at, polls_due, poll_late_seconds, settled, settle_p50_seconds, se
  LIMIT 1500;
 
 -- name: console_workers
--- The workers table (sql/0024_workers.sql; vpay.engine.workers): every
--- worker not stopped, and those stopped in the last hour, live first, with
--- the leases each holds now and the latest lease's end (through jobs_leased).
+-- The workers table (sql/0024_workers.sql; vpay.engine.workers): live
+-- workers, dead ones heard from in the last 24 hours (older rows stay, for
+-- `workers list`, until the week's retention), those stopped in the last
+-- hour; live first, with the leases each holds now and the latest lease's
+-- end (through jobs_leased).
 SELECT s.id AS worker_id, s.host, s.pid, s.lanes, s.version, s.started_at, s.heartbeat_age, s.state,
        coalesce(h.leases, 0) AS leases, h.lease_until
   FROM worker_states s
   LEFT JOIN (SELECT locked_by, count(*) AS leases, max(lease_expires_at) AS lease_until
                FROM jobs WHERE locked_at IS NOT NULL GROUP BY locked_by) h ON h.locked_by = s.id
- WHERE s.stopped_at IS NULL OR s.stopped_at > now() - interval '1 hour'
+ WHERE s.state = 'live'
+    OR (s.stopped_at IS NULL AND s.heartbeat_at > now() - interval '24 hours')
+    OR s.stopped_at > now() - interval '1 hour'
  ORDER BY s.state <> 'live', s.id
  LIMIT 100;
 

@@ -30,8 +30,8 @@ def lane_depth(conn: psycopg.Connection) -> list[dict[str, Any]]:
 def workers(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """The workers table (``vpay.engine.workers``): ``[{worker_id, host, pid,
     lanes, version, started_at, heartbeat_age, state, leases,
-    lease_until}]``, live first (at most 100): every worker not stopped, and
-    those stopped in the last hour. ``state`` is ``live``, ``dead`` (its
+    lease_until}]``, live first (at most 100): live workers, dead ones heard
+    from in the last 24 hours, and those stopped in the last hour. ``state`` is ``live``, ``dead`` (its
     heartbeat older than its bound: its leases are reaped) or ``stopped``."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(Q["console_workers"]).fetchall()
