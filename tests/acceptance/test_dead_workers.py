@@ -231,3 +231,12 @@ def test_an_outcome_whose_write_met_a_database_outage_is_handed_back_within_seco
         assert a.wait(60) == 0, a.text()[-3000:]
     finally:
         relay.close()
+
+
+@pytest.mark.parametrize("bad", ["0", "0.5", "3601", "nan", "soon"])
+def test_a_dead_after_setting_that_cannot_be_meant_is_refused_at_boot_with_78(db, db_url, bad):
+    res = subprocess.run([script("vpay-worker")], env=base_env(db_url, VPAY_WORKER_DEAD_AFTER_SECONDS=bad),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "VPAY_WORKER_DEAD_AFTER_SECONDS" in res.stderr and res.stderr.count("\n") == 1
+    assert db.execute("SELECT count(*) FROM workers").fetchone()[0] == 0  # booted nothing

@@ -85,6 +85,9 @@ class KeptOutcomes:
         self.clock = clock
         self._kept: dict[uuid.UUID, Kept] = {}
         self._lock = threading.Lock()
+        # One round of tries at a time (the handback thread's and the drain's
+        # last one): an outcome is never written twice at once.
+        self._round = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -114,6 +117,10 @@ class KeptOutcomes:
         """One try of every kept outcome's write, oldest first; stops at the
         first database error (it is still away: the others would wait on it
         too). Outcomes kept past ``keep_for`` are then given up."""
+        with self._round:
+            self._retry()
+
+    def _retry(self) -> None:
         with self._lock:
             entries = list(self._kept.values())
         for entry in entries:
@@ -137,12 +144,13 @@ class KeptOutcomes:
         stays leased to a worker that is exiting."""
         if not self._kept:
             return
-        self.retry()
-        with self._lock:
-            left = list(self._kept.values())
-            self._kept.clear()
-        if left:
-            self._give_up(left, "the worker is draining")
+        with self._round:
+            self._retry()
+            with self._lock:
+                left = list(self._kept.values())
+                self._kept.clear()
+            if left:
+                self._give_up(left, "the worker is draining")
 
     def _written(self, entry: Kept, kept: bool) -> None:
         with self._lock:
