@@ -38,7 +38,7 @@ if not os.environ.get("VPAY_SECRET_KEYS", "").strip():
     from vpay.base.secretbox import new_key
     os.environ["VPAY_SECRET_KEYS"] = new_key()
 
-TABLES = ("rail_pauses", "operator_actions", "operator_sessions", "login_failures", "operators", "rail_calls", "rail_callbacks", "resolution_proposals", "console_samples", "console_figures", "settlement_evidence", "statement_lines", "statements", "alerts", "events", "jobs", "refunds", "charges", "payment_intents", "webhook_endpoints", "merchants")
+TABLES = ("rail_pauses", "operator_actions", "operator_sessions", "login_failures", "operators", "rail_calls", "rail_callbacks", "resolution_proposals", "console_samples", "console_figures", "settlement_evidence", "statement_lines", "statements", "alerts", "events", "jobs", "refunds", "charges", "payment_intents", "webhook_endpoints", "merchants", "workers")
 _RUN = uuid.uuid4().hex[:8]
 _LOCK = 7_316_240_052
 

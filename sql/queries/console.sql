@@ -387,26 +387,20 @@ SELECT sampled_at, polls_due, poll_late_seconds, settled, settle_p50_seconds, se
  LIMIT 1500;
 
 -- name: console_workers
--- Workers alive, as the database knows them: a worker's wake-up listener
--- holds a connection named 'vpay-listener <worker id>' (vpay.engine.wake)
--- while it runs, and a busy worker holds live leases (through jobs_leased).
--- An idle worker started without the listener shows nowhere: a workers
--- table with heartbeats is a later issue.
-WITH listeners AS (
-    SELECT substr(a.application_name, 15) AS worker_id, min(a.backend_start) AS listening_since
-      FROM pg_stat_activity a
-     WHERE a.datname = current_database() AND a.application_name LIKE 'vpay-listener %%'
-     GROUP BY 1
-), holders AS (
-    SELECT j.locked_by AS worker_id, count(*) AS leases, max(j.lease_expires_at) AS lease_until
-      FROM jobs j
-     WHERE j.locked_at IS NOT NULL AND j.lease_expires_at > now()
-     GROUP BY j.locked_by
-)
-SELECT coalesce(l.worker_id, h.worker_id) AS worker_id, l.listening_since,
+-- The workers table (sql/0024_workers.sql; vpay.engine.workers): live
+-- workers, dead ones heard from in the last 24 hours (older rows stay, for
+-- `workers list`, until the week's retention), those stopped in the last
+-- hour; live first, with the leases each holds now and the latest lease's
+-- end (through jobs_leased).
+SELECT s.id AS worker_id, s.host, s.pid, s.lanes, s.version, s.started_at, s.heartbeat_age, s.state,
        coalesce(h.leases, 0) AS leases, h.lease_until
-  FROM listeners l FULL JOIN holders h ON h.worker_id = l.worker_id
- ORDER BY 1
+  FROM worker_states s
+  LEFT JOIN (SELECT locked_by, count(*) AS leases, max(lease_expires_at) AS lease_until
+               FROM jobs WHERE locked_at IS NOT NULL GROUP BY locked_by) h ON h.locked_by = s.id
+ WHERE s.state = 'live'
+    OR (s.stopped_at IS NULL AND s.heartbeat_at > now() - interval '24 hours')
+    OR s.stopped_at > now() - interval '1 hour'
+ ORDER BY s.state <> 'live', s.id
  LIMIT 100;
 
 -- name: console_rails_paused

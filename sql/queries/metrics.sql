@@ -22,4 +22,7 @@ SELECT 'webhook_endpoints_disabled', NULL, NULL, count(*) FROM webhook_endpoints
 UNION ALL
 -- Seconds left of each rail's fleet-wide pause (rail_pauses: one row per rail).
 SELECT 'rail_paused_seconds', rail, NULL, greatest(extract(epoch FROM paused_until - now()), 0)::float8
-  FROM rail_pauses;
+  FROM rail_pauses
+UNION ALL
+-- workers whose heartbeat is within their bound (sql/0024_workers.sql)
+SELECT 'workers_live', NULL, NULL, count(*) FROM worker_states WHERE state = 'live';

@@ -2,21 +2,30 @@
 -- and the URL-policy hold of webhook endpoints. Every "now" is the database's.
 
 -- name: op_jobs_list
--- state: dead (run_at = infinity), stranded (a lease past its own expiry:
--- its worker is dead), leased, due, scheduled. run_at is NULL for a dead letter
--- (infinity has no ISO form).
+-- state: dead (run_at = infinity), stranded (a lease past its own expiry, or
+-- whose holder is gone by its row in workers: dead by its heartbeat, stopped,
+-- restarted; lease_holder_gone, sql/0024_workers.sql), leased, due,
+-- scheduled. run_at is NULL for a dead letter (infinity has no ISO form).
+-- holder_state and heartbeat_age: the holder's row in worker_states (NULL:
+-- no row; only the lease's expiry judges it).
 SELECT j.id, j.kind, j.lane AS lane, j.dedupe_key,
        CASE WHEN j.run_at = 'infinity' THEN 'dead'
-            WHEN j.locked_at IS NOT NULL AND j.lease_expires_at < now() THEN 'stranded'
+            WHEN j.locked_at IS NOT NULL AND (j.lease_expires_at < now()
+                 OR lease_holder_gone(j.locked_by, j.locked_at) IS NOT NULL) THEN 'stranded'
             WHEN j.locked_at IS NOT NULL THEN 'leased'
             WHEN j.run_at <= now() THEN 'due'
             ELSE 'scheduled' END AS state,
        CASE WHEN j.run_at <> 'infinity' THEN j.run_at END AS run_at,
-       j.attempts, j.failures, j.locked_by, j.locked_at, j.lease_expires_at, j.dead_since,
-       j.last_error, j.payload, j.created_at
+       j.attempts, j.failures, j.locked_by, j.locked_at, j.lease_expires_at,
+       CASE WHEN j.locked_at IS NOT NULL THEN coalesce(lease_holder_gone(j.locked_by, j.locked_at), w.state)
+            END AS holder_state,
+       CASE WHEN j.locked_at IS NOT NULL THEN round(w.heartbeat_age::numeric, 1)::float8 END AS heartbeat_age,
+       j.dead_since, j.last_error, j.payload, j.created_at
   FROM jobs j
+  LEFT JOIN worker_states w ON j.locked_at IS NOT NULL AND w.id = j.locked_by
  WHERE (NOT %(dead)s OR j.run_at = 'infinity')
-   AND (NOT %(stranded)s OR (j.locked_at IS NOT NULL AND j.lease_expires_at < now()))
+   AND (NOT %(stranded)s OR (j.locked_at IS NOT NULL AND (j.lease_expires_at < now()
+                             OR lease_holder_gone(j.locked_by, j.locked_at) IS NOT NULL)))
    AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
    AND (%(lane)s::text IS NULL OR j.lane = %(lane)s)
    AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s))
@@ -46,14 +55,18 @@ SELECT id, kind, dedupe_key, attempts, last_error, (SELECT count(*) FROM acked) 
   FROM retried ORDER BY id;
 
 -- name: op_jobs_release
--- A stranded lease (past its own lease_expires_at) freed by hand, as the
--- reaper would (failures + 1: a job that keeps killing its worker is still
--- bounded), due now. A live lease is never matched: its holder is renewing it.
+-- A stranded lease (past its own lease_expires_at, or whose holder is gone:
+-- lease_holder_gone) freed by hand, as the reaper would (failures + 1: a job
+-- that keeps killing its worker is still bounded), due now. A live lease is
+-- never matched: its holder is renewing it and beating its row.
 UPDATE jobs
    SET locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
        failures = failures + 1, run_at = now(),
-       last_error = format('lease released by an operator (held by %%s since %%s)', locked_by, locked_at)
- WHERE id = ANY(%(ids)s) AND locked_at IS NOT NULL AND lease_expires_at < now()
+       last_error = format('lease released by an operator (held by %%s since %%s%%s)', locked_by, locked_at,
+                           CASE WHEN lease_expires_at < now() THEN ''
+                                ELSE '; holder ' || lease_holder_gone(locked_by, locked_at) END)
+ WHERE id = ANY(%(ids)s) AND locked_at IS NOT NULL
+   AND (lease_expires_at < now() OR lease_holder_gone(locked_by, locked_at) IS NOT NULL)
 RETURNING id, kind, dedupe_key, failures, last_error;
 
 -- name: op_alerts_list

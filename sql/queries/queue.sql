@@ -228,14 +228,29 @@ RETURNING jobs.id;
 -- (deleted) in the meantime is not resurrected. Each lease is judged by its
 -- own expiry (the claimer's lease), never by the reaper's. A job whose leases keep
 -- expiring (its handler kills the process) is parked after max_failures.
+-- A lease whose holder is gone (lease_holder_gone, sql/0024_workers.sql) is
+-- reaped too, before its expiry: its worker stopped, or restarted under the
+-- same id; or, when the caller may judge heartbeats (%(by_heartbeat)s: its
+-- own worker has reached the database steadily for the bound), its holder's
+-- heartbeat is older than the holder's own bound; never the caller's own
+-- worker (%(reaper)s) by its heartbeat: it is running this.
 -- The reaper never waits for a row lock (SKIP LOCKED): a row another
 -- statement holds (the heartbeat's renew, a finish, an admin command) is
 -- left for the next pass, so the reaper, which writes many rows in no order
 -- of its owner's, can never be one side of a deadlock.
 WITH expired AS (
-    SELECT id FROM jobs
+    -- what the row says once locked (a row re-claimed meanwhile is judged by
+    -- its new holder: the conditions are re-checked on the version locked)
+    SELECT id, CASE WHEN lease_expires_at < now() THEN 'expired'
+                    ELSE lease_holder_gone(locked_by, locked_at) END AS why
+      FROM jobs
      WHERE locked_at IS NOT NULL
-       AND lease_expires_at < now()
+       AND (lease_expires_at < now()
+            OR CASE lease_holder_gone(locked_by, locked_at)
+                    WHEN 'stopped' THEN true
+                    WHEN 'restarted' THEN true
+                    WHEN 'dead' THEN %(by_heartbeat)s AND locked_by IS DISTINCT FROM %(reaper)s::text
+                    ELSE false END)
        FOR UPDATE SKIP LOCKED
 ), reaped AS (
     UPDATE jobs
@@ -246,10 +261,15 @@ WITH expired AS (
            last_error = CASE WHEN failures + 1 >= %(max_failures)s
                              THEN format('dead-lettered: lease expired %%s times in a row without an outcome (last held by %%s)',
                                          failures + 1, locked_by)
-                             ELSE format('lease expired (held by %%s since %%s)', locked_by, locked_at)
+                             WHEN (SELECT e.why FROM expired e WHERE e.id = jobs.id) = 'expired'
+                             THEN format('lease expired (held by %%s since %%s)', locked_by, locked_at)
+                             ELSE format('lease reaped: holder %%s (held by %%s since %%s; last heartbeat %%s)',
+                                         (SELECT e.why FROM expired e WHERE e.id = jobs.id), locked_by, locked_at,
+                                         (SELECT w.heartbeat_at FROM workers w WHERE w.id = jobs.locked_by))
                         END
      WHERE jobs.id = ANY (ARRAY(SELECT id FROM expired))
-    RETURNING jobs.id, kind, lane, dedupe_key, payload, attempts, run_at, last_error
+    RETURNING jobs.id, kind, lane, dedupe_key, payload, attempts, run_at, last_error,
+              (SELECT e.why FROM expired e WHERE e.id = jobs.id) AS why
 ), alert AS (
     INSERT INTO alerts (kind, charge_id, details)
     SELECT 'job_dead_lettered',
@@ -260,7 +280,7 @@ WITH expired AS (
       FROM reaped
      WHERE reaped.run_at = 'infinity'
 )
-SELECT id, kind, lane, dedupe_key, run_at = 'infinity' AS parked FROM reaped;
+SELECT id, kind, lane, dedupe_key, run_at = 'infinity' AS parked, why FROM reaped;
 
 -- name: rebalance_lane
 -- Fair queueing inside a lane (vpay/engine/fairness.py; sql/0015_fair_claims.sql).

@@ -186,12 +186,17 @@ def _assert_no_spinning(ours: list[dict], rail_requests: int) -> None:
     if claims:
         assert len(claims) <= CONCURRENCY * _backoff_failures(span(claims)), (len(claims), span(claims))
     for message, period in (("could not renew leases", max(LEASE / 3, 0.3)),
+                            # once per run of failed beats, on the heartbeat's thread
+                            ("worker heartbeat failed; database unavailable", max(LEASE / 3, 0.3)),
                             ("reaper could not reach the database", max(LEASE / 2, 0.5))):
         ticks = by_message.pop(message, [])
         if ticks:
             # one thread, one line per period (+1 for where the span starts)
             assert len(ticks) <= span(ticks) / period + 1, (message, len(ticks), span(ticks))
     for message in ("handler raised", "could not record the job's outcome; its lease will be reaped",
+                    "could not record the job's outcome; kept, to be written when the database answers",
+                    "kept outcome written: the database answers again",
+                    "lease lost: the kept outcome was discarded",
                     "lease reaped", "lease lost: the outcome was discarded"):
         per_job: dict[str, int] = {}
         for line in by_message.pop(message, []):

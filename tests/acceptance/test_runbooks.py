@@ -182,6 +182,45 @@ def test_a_killed_workers_stranded_lease_is_found_and_released(db, stack, spawn)
     wait_until(lambda: status(db, charge["id"]) == "succeeded", timeout=60, what="the charge to settle")
 
 
+def test_a_dead_worker_is_found_and_its_lease_freed(db, stack, spawn):
+    # A worker killed while its status read is inside the rail, its lease
+    # (600 s) far from expiry and no other worker live to reap it: the
+    # runbook finds the worker dead by its heartbeat and frees its lease.
+    env = operator_env(stack)
+    stack.rail.script("256770000302", status_delay_seconds=8, outcome="SUCCESSFUL")
+    charge = pay(db, stack, "256770000302")
+    key = f"poll:{charge['id']}"
+    worker = start_worker(spawn, stack, "--lease-seconds", "600", "--worker-id", "runbook:dead",
+                          VPAY_WORKER_DEAD_AFTER_SECONDS="2")
+
+    def read_in_flight():
+        return any(e["method"] == "GET" and e["status_code"] is None and e["reference"] == charge["rail_reference"]
+                   for e in stack.rail.requests_log())
+    with TimeMachine(stack.db_url, kinds=("poll",)):
+        wait_until(read_in_flight, timeout=60, what="a status read inside the rail")
+    worker.signal(signal.SIGKILL)
+    assert worker.wait(10) == -signal.SIGKILL
+    wait_until(lambda: db.execute("SELECT state = 'dead' FROM worker_states WHERE id = 'runbook:dead'"
+                                  ).fetchone()[0], timeout=30, what="the killed worker's heartbeat to age")
+    assert db.execute("SELECT lease_expires_at > now() + interval '500 seconds' FROM jobs WHERE dedupe_key = %s",
+                      (key,)).fetchone()[0]
+
+    listed, stranded, query = section("dead-worker.md", "Is a worker dead?")
+    out = run_block(*listed, env).stdout
+    assert [line.split()[-2:] for line in out.splitlines() if line.startswith("runbook:dead")] == [["dead", "1"]]
+    out = run_block(*stranded, env).stdout
+    assert key in out and "stranded" in out and "dead" in out
+    assert "runbook:dead" in run_block(*query, env).stdout
+    [release] = section("dead-worker.md", "Its leases")
+    assert key in run_block(*release, env).stdout
+    row = db.execute("SELECT locked_by, failures, run_at <= now() FROM jobs WHERE dedupe_key = %s",
+                     (key,)).fetchone()
+    assert row == (None, 1, True)
+    stack.rail.set_status(charge["rail_reference"], "SUCCESSFUL")
+    start_worker(spawn, stack)
+    wait_until(lambda: status(db, charge["id"]) == "succeeded", timeout=60, what="the charge to settle")
+
+
 def test_an_unresolved_charge_is_found_reconciled_against_the_statement_and_acknowledged(db, stack, spawn,
                                                                                           tmp_path):
     env = operator_env(stack)

@@ -103,6 +103,7 @@ CASES: dict[tuple[str, ...], Case] = {
     ("webhooks", "redeliver"): Case(("evt_x", "--endpoint", "we_x"), ("evt_nope", "--endpoint", "we_nope"),
                                     "any text is an id (an unknown one: 1)"),
     ("webhooks", "rotate-secret"): Case(("we_x",), ("we_nope",), ("we_x", "--overlap-hours", "-1")),
+    ("workers", "list"): Case((), "lists only", ("--state", "zombie")),
     ("worker",): Case((), "takes no id", ("--idle-sleep", "nan"),
                       "a real process: test_cli_errors.py::test_the_worker_with_the_database_down"),
 }
@@ -275,6 +276,7 @@ def test_every_data_command_prints_valid_json(invoke, db, db_url, sandbox, files
     ok("jobs", "list")
     ok("jobs", "retry", "--all-dead")
     ok("jobs", "release", "--all-stranded")
+    ok("workers", "list")
     ok("prune", "--older-than", "30d", "--dry-run")
     assert [r["rail"] for r in ok("rails", "list")][:1] == ["mtn"]
     imported = ok("statements", "import", files["statement"], "--rail", "mtn", "--profile", "sandbox", "--apply")

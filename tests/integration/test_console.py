@@ -509,7 +509,6 @@ def test_a_rails_429_with_retry_after_is_stored_with_its_pause_and_a_held_back_c
 
 
 def test_the_overview_shows_rails_paused_misconfigured_workers_and_the_figures_charts(signed_in, db, db_url, merchant):
-    import psycopg
     from vpay.engine import queue
     from vpay.money import charges as ch
     from vpay.money import overview
@@ -522,7 +521,11 @@ def test_the_overview_shows_rails_paused_misconfigured_workers_and_the_figures_c
     db.execute("INSERT INTO rail_pauses (rail, paused_until, reason, set_by) "
                "VALUES ('mpesa', now() - interval '1 minute', 'HTTP 429 Retry-After 5', 'worker-c:8')")
     alert(db, details={"rail": "mtn", "code": "HTTP_401"})
-    # a worker listening for wake-ups (its named connection) and one holding a lease
+    # workers as rows: one live, one dead (its heartbeat past its bound) still holding a lease
+    from vpay.engine import workers as wk
+    wk.register(db, "host:7", host="host", pid=7, lanes=["mtn"], version="9.9", dead_after=30)
+    wk.register(db, "host:42", host="host", pid=42, lanes=["mtn", "orange"], version="9.9", dead_after=30)
+    db.execute("UPDATE workers SET heartbeat_at = now() - interval '1 minute' WHERE id = 'host:42'")
     queue.enqueue(db, "test.count", "k:leased", {})
     db.execute("UPDATE jobs SET locked_by = 'host:42', locked_at = now(), lease_token = gen_random_uuid(), "
                "lease_expires_at = now() + interval '5 minutes' WHERE dedupe_key = 'k:leased'")
@@ -533,19 +536,22 @@ def test_the_overview_shows_rails_paused_misconfigured_workers_and_the_figures_c
                                 payer="256770000001")
     db.execute("UPDATE charges SET status = 'succeeded', settled_at = now(), "
                "created_at = now() - interval '42 seconds' WHERE id = %s", (created.charge["id"],))
-    with psycopg.connect(db_url, application_name="vpay-listener host:7"):
-        overview.sample(db)
-        page = signed_in(role="viewer").get("/").text
+    overview.sample(db)
+    page = signed_in(role="viewer").get("/").text
     figures = db.execute("SELECT polls_due, poll_late_seconds, settled, settle_p50_seconds, workers "
                          "FROM console_figures").fetchall()
     assert len(figures) == 1
     polls_due, late, settled, p50, workers = figures[0]
-    assert (polls_due, settled, workers) == (1, 1, 2) and 89 <= late <= 120 and 41 <= p50 <= 43
+    assert (polls_due, settled, workers) == (1, 1, 1) and 89 <= late <= 120 and 41 <= p50 <= 43
     assert "Rails paused and why" in page and "orange" in page and "HTTP 503" in page
     assert "worker-b:7" in page and "worker-c:8" not in page  # the pause in force, by whom; not one that is over
     assert SCRIPT not in page and ESCAPED in page  # the rail's reason is text
     assert "HTTP_401" in page  # the open rail_misconfigured alert, per rail and code
-    assert "host:7" in page and "host:42" in page and "later issue" in page
+    assert "host:7" in page and "host:42" in page and "later issue" not in page
+    rows = {w["worker_id"]: w for w in overview.workers(db)}
+    assert (rows["host:7"]["state"], rows["host:7"]["leases"]) == ("live", 0)
+    assert (rows["host:42"]["state"], rows["host:42"]["leases"]) == ("dead", 1)
+    assert "<td>dead</td>" in page and "mtn,orange" in page
     assert "Poll lateness" in page and "Settle time, median" in page
     assert page.count("<polyline") >= 5  # the lanes' chart and the four figures
 

@@ -64,7 +64,8 @@ def test_lease_statements_read_the_leased_rows_never_the_backlog(db, name):
     db.execute("ANALYZE jobs")
     params = {"renew": {"worker": "w1", "tokens": tokens, "lease": 30.0},
               "release": {"worker": "w1", "tokens": tokens[:3]},
-              "reap_expired_leases": {"max_failures": queue.MAX_FAILURES}}[name]
+              "reap_expired_leases": {"max_failures": queue.MAX_FAILURES, "by_heartbeat": True,
+                                      "reaper": "w2"}}[name]
     statement = psycopg.ClientCursor(db).mogrify(queue.Q[name], params)
     plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + statement))
     assert "Seq Scan on jobs" not in plan, plan

@@ -22,6 +22,8 @@ COVERED = {
         "test_a_contradiction_is_found_and_acknowledged",
     ("worker-queue.md", "A paused rail"): "test_a_rail_paused_by_a_429_is_shown_with_why_and_by_whom",
     ("worker-queue.md", "What is kept, and for how long"): "test_the_retention_dry_run_counts_what_would_go",
+    ("dead-worker.md", "Is a worker dead?"): "test_a_dead_worker_is_found_and_its_lease_freed",
+    ("dead-worker.md", "Its leases"): "test_a_dead_worker_is_found_and_its_lease_freed",
     ("unresolved-charges.md", ""):
         "test_an_unresolved_charge_is_found_reconciled_against_the_statement_and_acknowledged",
 }

@@ -71,8 +71,13 @@ LEASES_LOST = Counter(
     "vpay_leases_lost", "Outcomes discarded because the job's lease was no longer ours "
     "(a handler outran its lease).", registry=REGISTRY)
 LEASES_REAPED = Counter(
-    "vpay_leases_reaped", "Expired leases this process reaped (a worker died holding them).",
-    registry=REGISTRY)
+    "vpay_leases_reaped", "Leases this process reaped: expired, or their holder gone (dead by "
+    "its heartbeat, stopped, restarted).", registry=REGISTRY)
+OUTCOME_HANDBACKS = Counter(
+    "vpay_outcome_handbacks", "Outcomes whose write met a database outage past the retries "
+    "(vpay/worker/handback.py), by result: kept, written (once the database answered), lost "
+    "(the lease was gone by then), released (given up, lease handed back), abandoned (given up, "
+    "the database still away: left to the reaper).", ["result"], registry=REGISTRY)
 WEBHOOK_ATTEMPTS = Counter(
     "vpay_webhook_attempts", "Webhook delivery attempts, by result (delivered, retry, gone, "
     "give_up; held: the URL policy refused the endpoint's URL).", ["result"], registry=REGISTRY)
@@ -148,7 +153,8 @@ def lane_rebalanced(lane: str, placed: int) -> None:
 def outcome_label(outcome: Any, kept: bool | None) -> str:
     """The ``outcome`` label of ``vpay_jobs_total``: ``lost`` when the fenced
     write matched nothing (``kept`` False), ``unrecorded`` when it could not
-    be made (``kept`` None: the lease is left to the reaper), else what the
+    be made yet (``kept`` None: the database stayed away past the retries;
+    the outcome is kept and written when it answers, ``outcome_handback``), else what the
     handler answered: ``done``, ``retry``, ``dead_letter``, or ``error``
     when it raised (``outcome`` None)."""
     if kept is None:
@@ -183,6 +189,15 @@ def leases(lost: int = 0, reaped: int = 0, **_other: int) -> None:
         LEASES_LOST.inc(lost)
     if reaped:
         LEASES_REAPED.inc(reaped)
+
+
+OUTCOME_HANDBACK_RESULTS = frozenset({"kept", "written", "lost", "released", "abandoned"})
+
+
+def outcome_handback(result: str) -> None:
+    """Count one step of an outcome kept through a database outage
+    (``OUTCOME_HANDBACK_RESULTS``; vpay/worker/handback.py)."""
+    OUTCOME_HANDBACKS.labels(result if result in OUTCOME_HANDBACK_RESULTS else OTHER).inc()
 
 
 def jobs_vacuumed(result: str) -> None:

@@ -31,6 +31,7 @@ from vpay.cli.secrets import secrets
 from vpay.cli.statements import statements
 from vpay.cli.webhooks import webhooks
 from vpay.cli.worker import worker
+from vpay.cli.workers import workers
 
 
 @click.group(cls=VpayGroup)
@@ -47,7 +48,7 @@ def main(level: str | None) -> None:
 
 
 for command in (migrate, worker, payments, sandbox_rail, demo, api, merchants, refunds, webhooks,
-                jobs, alerts, prune, charges, statements, secrets, console, operators, rails):
+                jobs, alerts, prune, charges, statements, secrets, console, operators, rails, workers):
     main.add_command(command)
 
 

@@ -1,12 +1,13 @@
 """``vpay-server jobs list|retry|release``: the queue, as an operator sees it.
 
 ``list [--dead] [--stranded] [--kind K] [--lane L]``: jobs oldest ``run_at``
-first; ``--stranded`` is a lease past its own ``lease_expires_at`` (its
-worker is dead; a live worker renews). ``retry ID… | --all-dead``: dead
+first, with each lease's holder's state and heartbeat age (the ``workers``
+table); ``--stranded`` is a lease past its own ``lease_expires_at``, or whose
+holder is gone: dead by its heartbeat, stopped, or restarted (a live worker
+renews its leases and beats its row). ``retry ID… | --all-dead``: dead
 letters due now, failure streak reset (a ``deliver`` job restarts its webhook
 schedule), their ``job_dead_lettered`` alerts acknowledged, one audit line
-each in the log. ``release ID… | --all-stranded``: only leases already past
-their expiry. A table by default, JSON with ``--json``. Exit codes: 0 done,
+each in the log. ``release ID… | --all-stranded``: only stranded leases. A table by default, JSON with ``--json``. Exit codes: 0 done,
 1 an id that does not qualify (nothing changed), 2 usage, 69 database
 unavailable, 78 configuration refused.
 """
@@ -20,7 +21,7 @@ from vpay.cli.errors import Refused
 from vpay.cli.output import echo_rows, json_option
 
 COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", "run_at",
-           "locked_by", "lease_expires_at", "last_error")
+           "locked_by", "holder_state", "heartbeat_age", "lease_expires_at", "last_error")
 
 
 def _actor() -> str:
@@ -56,7 +57,9 @@ def jobs() -> None:
 
 @jobs.command("list")
 @click.option("--dead", is_flag=True, help="Only dead letters (run_at = infinity).")
-@click.option("--stranded", is_flag=True, help="Only leases past their own lease_expires_at.")
+@click.option("--stranded", is_flag=True,
+              help="Only stranded leases: past their own lease_expires_at, or whose holder is dead by "
+                   "its heartbeat, stopped or restarted (vpay-server workers list).")
 @click.option("--kind", default=None, callback=_known_kind, help="Only this job kind (poll, deliver, ...).")
 @click.option("--lane", default=None, callback=_known_lane,
               help="Only this lane (mtn, orange, webhooks, housekeeping).")
@@ -105,10 +108,10 @@ def retry(ids: tuple[int, ...], every: bool, kind: str | None, lane: str | None,
 
 @jobs.command("release")
 @click.argument("ids", nargs=-1, type=ROW_ID)
-@click.option("--all-stranded", "every", is_flag=True, help="Every lease past its lease_expires_at.")
+@click.option("--all-stranded", "every", is_flag=True, help="Every stranded lease (as jobs list --stranded).")
 @json_option
 def release(ids: tuple[int, ...], every: bool, as_json: bool) -> None:
-    """Free stranded leases (past their own lease_expires_at) so a live worker claims them."""
+    """Free stranded leases (past their lease_expires_at, or their holder gone) so a live worker claims them."""
     from vpay.money.operator import Refused as NotAllowed, release as free
     with connect_db() as conn:
         chosen = _ids(conn, ids, every, "--all-stranded", stranded=True)

@@ -103,7 +103,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     from vpay.rails.port import RailError
     from vpay.webhooks import timeouts
     from vpay.engine.vacuum import every_from_env
-    from vpay.engine.liveness import dead_after_from_env
+    from vpay.engine.liveness import dead_after_from_env as listener_dead_after_from_env
+    from vpay.engine.workers import dead_after_from_env
     from vpay.base import secretbox
     from vpay.base.db import prepared_statements, session_database_url
     try:
@@ -114,7 +115,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         timeouts()
         rails = configured_rails()
         jobs_vacuum_every = every_from_env()
-        listener_dead_after = dead_after_from_env()
+        listener_dead_after = listener_dead_after_from_env()
+        dead_after = dead_after_from_env()  # VPAY_WORKER_DEAD_AFTER_SECONDS
         box = secretbox.default()  # webhook secrets are sealed under these keys
     except (ConfigError, RailError) as exc:
         refuse(str(exc))
@@ -161,7 +163,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                           idle_sleep=idle_sleep, queues=served, lane_concurrency=overrides,
                           passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
                           jobs_vacuum_every=jobs_vacuum_every, listener_dead_after=listener_dead_after,
-                          session_url=session_url or url)
+                          session_url=session_url or url, dead_after=dead_after)
     from vpay.handlers import ensure_scheduled
     from vpay.webhooks.sealing import check_keys, plaintext_count
     with pool.connection() as conn:

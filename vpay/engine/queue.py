@@ -10,7 +10,8 @@ Design page, "The job queue" and "Leases and crash recovery". Rules kept here:
   nothing and answers ``False``: the caller counts it as **lost** (its lease
   was reaped and maybe re-claimed while it ran).
 * ``reap_expired_leases`` is one conditional UPDATE that re-checks each
-  lease's own expiry inside the statement.
+  lease's own expiry, and its holder's row in ``workers``
+  (``vpay.engine.workers``), inside the statement.
 
 All functions take a psycopg connection in autocommit mode (or inside a
 caller's transaction, for ``enqueue``). Times are seconds; every "now" is
@@ -261,15 +262,24 @@ def release(conn: psycopg.Connection, worker: str, tokens: Iterable[uuid.UUID]) 
     return len(conn.execute(Q["release"], {"worker": worker, "tokens": tokens}).fetchall())
 
 
-def reap_expired_leases(conn: psycopg.Connection,
-                        max_failures: int = MAX_FAILURES) -> list[dict[str, Any]]:
+def reap_expired_leases(conn: psycopg.Connection, max_failures: int = MAX_FAILURES, *,
+                        by_heartbeat: bool = False,
+                        reaper: str | None = None) -> list[dict[str, Any]]:
     """Free every lease past its own ``lease_expires_at`` (set at claim from
     the claiming worker's lease, so a reaper never judges another worker's
-    lease by its own); a job whose leases keep expiring is dead-lettered
-    after ``max_failures`` with an alert. Answers ``[{id, kind, lane,
-    dedupe_key, parked}]`` of the rows reaped."""
+    lease by its own), and every lease whose holder is gone by its row in
+    ``workers`` (``vpay.engine.workers``): stopped, or restarted under the
+    same id; and, with ``by_heartbeat``, dead by its heartbeat (older than the
+    holder's own ``VPAY_WORKER_DEAD_AFTER_SECONDS``), never ``reaper``'s own
+    leases that way (the worker calling is alive). A holder with no row is
+    judged by the expiry alone. A job whose leases keep ending so is
+    dead-lettered after ``max_failures`` with an alert. Answers ``[{id, kind,
+    lane, dedupe_key, parked, why}]`` of the rows reaped; ``why`` is
+    ``expired``, ``dead``, ``stopped`` or ``restarted``."""
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(Q["reap_expired_leases"], {"max_failures": max_failures}).fetchall()
+        return cur.execute(Q["reap_expired_leases"], {
+            "max_failures": max_failures, "by_heartbeat": bool(by_heartbeat),
+            "reaper": reaper}).fetchall()
 
 
 def depth(conn: psycopg.Connection) -> dict[str, int]:

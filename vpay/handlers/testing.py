@@ -10,12 +10,18 @@
   poison job).
 * ``test.raise``: raises ``RuntimeError`` every time.
 * ``test.retry``: ``RetryAfter(payload["delay"])``.
+* ``test.hold``: no database work. On its first attempt it waits until the
+  file ``payload["until"]`` exists (``HOLD_MAX_SECONDS`` at most), so a test
+  decides when the handler returns (after a SIGKILL, a SIGSTOP, an outage);
+  a later attempt (the job reaped and run elsewhere) does not wait. Answers
+  ``RetryAfter(payload["retry_after"])`` when given, else ``Done``.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from vpay.engine.outcome import Done, RetryAfter
 from vpay.handlers.registry import register
@@ -48,3 +54,20 @@ def raise_always(job, ctx):
 @register("test.retry")
 def retry(job, ctx):
     return RetryAfter(float(job.payload.get("delay", 60)))
+
+
+HOLD_MAX_SECONDS = 600.0
+"""The longest ``test.hold`` waits for its file: a test that never writes it
+leaves no handler behind for ever."""
+
+
+@register("test.hold")
+def hold(job, ctx):
+    if job.attempts == 1 and job.payload.get("until"):
+        deadline = time.monotonic() + HOLD_MAX_SECONDS
+        until = Path(job.payload["until"])
+        while not until.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if "retry_after" in job.payload:
+        return RetryAfter(float(job.payload["retry_after"]))
+    return Done()

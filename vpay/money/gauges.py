@@ -1,6 +1,6 @@
 """The gauges read from the database at scrape (docs/observability.md):
 queue depth by lane and state, open alerts by kind, charges by status,
-disabled webhook endpoints, rails paused fleet-wide. One bounded query (``metrics_snapshot`` in
+disabled webhook endpoints, rails paused fleet-wide, live workers. One bounded query (``metrics_snapshot`` in
 ``sql/queries/metrics.sql``), its answer reused for ``CACHE_SECONDS``. Only
 the worker registers it (``vpay.base.metrics.serve``)."""
 
@@ -35,9 +35,10 @@ class DatabaseCollector:
     state}``, ``vpay_alerts_open{kind}``, ``vpay_charges{status}``,
     ``vpay_webhook_endpoints_disabled``, ``vpay_rail_paused_seconds{rail}``
     (seconds left of the rail's fleet-wide pause, table ``rail_pauses``; 0
-    when none) and ``vpay_database_up`` (1 when the snapshot query answered
-    within its bound and no statement of this worker failed in the last
-    ``metrics.DATABASE_ERROR_WINDOW_SECONDS``, else 0).
+    when none), ``vpay_workers_live`` and ``vpay_database_up`` (1 when the
+    snapshot query answered within its bound and no statement of this
+    worker failed in the last ``metrics.DATABASE_ERROR_WINDOW_SECONDS``,
+    else 0).
     When the snapshot did not answer, the other families are empty: a
     number from an unanswered query would be a lie; when it answered but
     the worker's own statements fail (a database that answers one query
@@ -94,6 +95,8 @@ class DatabaseCollector:
         paused = GaugeMetricFamily("vpay_rail_paused_seconds", "Seconds left of the rail's pause "
                                    "asked by its 429/503 Retry-After, honoured by every process "
                                    "(rail_pauses); 0 when not paused.", labels=["rail"])
+        live = GaugeMetricFamily("vpay_workers_live", "Workers whose heartbeat is within their "
+                                 "VPAY_WORKER_DEAD_AFTER_SECONDS (the workers table).")
         up = GaugeMetricFamily("vpay_database_up", "1 when the scrape's database snapshot answered "
                                f"within {STATEMENT_TIMEOUT_MS} ms and no statement of this worker failed "
                                f"in the last {metrics.DATABASE_ERROR_WINDOW_SECONDS:g} s "
@@ -110,6 +113,7 @@ class DatabaseCollector:
             values[("webhook_endpoints_disabled", None, None)] = 0
             for rail in KNOWN_RAILS:
                 values[("rail_paused_seconds", rail, None)] = 0
+            values[("workers_live", None, None)] = 0
             for family, a, b, n in rows:
                 values[(family, a, b)] = n
             for (family, a, b), n in sorted(values.items(), key=lambda kv: tuple(map(str, kv[0]))):
@@ -123,7 +127,9 @@ class DatabaseCollector:
                     disabled.add_metric([], n)
                 elif family == "rail_paused_seconds":
                     paused.add_metric([a], n)
+                elif family == "workers_live":
+                    live.add_metric([], n)
         up.add_metric([], 0 if rows is None or metrics.database_failed_recently() else 1)
-        return [queue, alerts, charges, disabled, paused, up]
+        return [queue, alerts, charges, disabled, paused, live, up]
 
 

@@ -6,8 +6,10 @@ Rules kept here (docs/runbooks/worker-queue.md; design page, "What can go
 wrong"):
 
 * ``retry`` re-queues only dead letters (``run_at = 'infinity'``), due now,
-  failure streak reset; ``release`` frees only a lease already past its own
-  ``lease_expires_at`` (its worker is dead: a live worker renews). Either is
+  failure streak reset; ``release`` frees only a stranded lease: past its own
+  ``lease_expires_at``, or whose holder is gone by its row in ``workers``
+  (dead by its heartbeat, stopped, restarted: ``vpay.engine.workers``); a
+  live worker renews its leases and beats its row. Either is
   all or nothing: an id that does not qualify refuses the whole call
   (``Refused``) and changes nothing.
 * ``ack`` stores the operator's note with the acknowledgement.
@@ -47,9 +49,13 @@ def list_jobs(conn: psycopg.Connection, *, dead: bool = False, stranded: bool = 
               limit: int = LIST_LIMIT) -> list[dict[str, Any]]:
     """Jobs, oldest ``run_at`` first: ``[{id, kind, lane, dedupe_key, state,
     run_at, attempts, failures, locked_by, locked_at, lease_expires_at,
-    dead_since, last_error, payload, created_at}]``. ``state`` is ``dead``,
-    ``stranded`` (lease past its own expiry), ``leased``, ``due`` or
-    ``scheduled``; ``run_at`` is None for a dead letter."""
+    holder_state, heartbeat_age, dead_since, last_error, payload,
+    created_at}]``. ``state`` is ``dead``, ``stranded`` (lease past its own
+    expiry, or its holder gone: ``vpay.engine.workers``), ``leased``, ``due``
+    or ``scheduled``; ``run_at`` is None for a dead letter. For a leased job,
+    ``holder_state`` is ``live``, ``dead``, ``stopped`` or ``restarted`` and
+    ``heartbeat_age`` the seconds since its holder's last heartbeat (both
+    None when the holder has no row in ``workers``)."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(Q["op_jobs_list"], {
             "dead": dead, "stranded": stranded, "kind": kind, "lane": lane,
@@ -108,9 +114,9 @@ def _retry(conn: psycopg.Connection, ids: list[int], note: str) -> list[dict[str
 
 def release(conn: psycopg.Connection, ids: Sequence[int], actor: str,
             via: str = "cli") -> list[dict[str, Any]]:
-    """Free stranded leases ``ids`` (past their own ``lease_expires_at``), as
-    the reaper would, due now. Raises ``Refused`` (nothing changed) when an id
-    is unknown or its lease is live or absent. Logs one audit line per job.
+    """Free stranded leases ``ids`` (past their own ``lease_expires_at``, or
+    whose holder is gone), as the reaper would, due now. Raises ``Refused``
+    (nothing changed) when an id is unknown or its lease is live or absent. Logs one audit line per job.
     Answers ``[{id, kind, dedupe_key, failures, last_error}]``. Audited
     (action ``jobs.release``)."""
     ids = sorted(set(ids))
@@ -127,7 +133,8 @@ def release(conn: psycopg.Connection, ids: Sequence[int], actor: str,
 def _release(conn: psycopg.Connection, ids: list[int]) -> list[dict[str, Any]]:
     with conn.transaction():
         _check(_locked(conn, ids), ids, "stranded",
-               "not a stranded lease (only a lease past its lease_expires_at may be released)")
+               "not a stranded lease (only a lease past its lease_expires_at, or whose holder is "
+               "dead, stopped or restarted, may be released)")
         with conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(Q["op_jobs_release"], {"ids": ids}).fetchall()
         if len(rows) != len(ids):

@@ -4,7 +4,7 @@ status, open alerts by kind, disabled webhook endpoints, rails paused and
 why (the pauses every process honours, ``rail_pauses``, with the 429/503
 answers in ``rail_calls`` that asked for them, the last 15 minutes'
 throttling and errors, open ``rail_misconfigured`` alerts),
-workers alive (``console_workers``), and the last 24 hours of samples
+workers (``console_workers``: the ``workers`` table), and the last 24 hours of samples
 (``console_samples`` per lane and ``console_figures``: poll lateness, settle
 time, workers; written once a minute by the worker's ``sample:overview``
 job). Also the retention of the console's own tables."""
@@ -29,11 +29,11 @@ def lane_depth(conn: psycopg.Connection) -> list[dict[str, Any]]:
 
 
 def workers(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    """Workers alive as the database knows them: ``[{worker_id,
-    listening_since, leases, lease_until}]`` (at most 100). A worker shows
-    while its wake-up listener is connected or while it holds a live lease;
-    an idle worker run without the listener does not (a ``workers`` table
-    with heartbeats is a later issue)."""
+    """The workers table (``vpay.engine.workers``): ``[{worker_id, host, pid,
+    lanes, version, started_at, heartbeat_age, state, leases,
+    lease_until}]``, live first (at most 100): live workers, dead ones heard
+    from in the last 24 hours, and those stopped in the last hour. ``state`` is ``live``, ``dead`` (its
+    heartbeat older than its bound: its leases are reaped) or ``stopped``."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(Q["console_workers"]).fetchall()
 
@@ -42,7 +42,7 @@ def sample(conn: psycopg.Connection) -> int:
     """Write one sample per lane and the minute's figures (now); delete
     samples past two days. Answers the number of lanes sampled."""
     rows = lane_depth(conn)
-    alive = len(workers(conn))
+    alive = sum(1 for w in workers(conn) if w["state"] == "live")
     with conn.transaction():
         conn.execute(Q["console_sample_insert"], {"rows": Jsonb(rows)})
         conn.execute(Q["console_figures_insert"], {"poll_kinds": sorted(POLL_KINDS), "workers": alive})

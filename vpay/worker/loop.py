@@ -21,13 +21,20 @@ the drain". The parts, each in a module of its own:
   job of its lanes is committed due (LISTEN/NOTIFY through one listener
   thread per process), until the next job of its lanes is due (the empty
   claim says when), or for a jittered ``idle_sleep`` at most.
-* The leases held (vpay/worker/leases.py) are renewed by a ``heartbeat``
-  thread every ``lease / 3``, so a lease runs out only when its worker is
-  dead. Expired leases are reaped at boot (before claiming: the dead worker
-  may have held ``sweep:expired``), and every ``lease / 2`` on a timer
-  thread of their own, so a dead queue cannot stop the reaper
-  (vpay/worker/maintenance.py; the counters and the gauge line:
-  vpay/worker/gauge.py).
+* The worker is a row in ``workers`` (vpay/worker/presence.py), registered
+  at start and marked stopped at the exit. The leases held
+  (vpay/worker/leases.py) are renewed, and the row beaten, by a
+  ``heartbeat`` thread every ``lease / 3`` or ``dead_after / 4``, so a lease
+  runs out, and the worker is judged dead, only when it is. Expired leases,
+  and leases whose holder is gone (stopped, restarted, or dead by its
+  heartbeat: vpay/engine/workers.py), are reaped at boot (before claiming:
+  the dead worker may have held ``sweep:expired``), and every ``lease / 2``
+  or ``dead_after / 4`` on a timer thread of their own, so a dead queue
+  cannot stop the reaper (vpay/worker/maintenance.py; the counters and the
+  gauge line: vpay/worker/gauge.py).
+* An outcome whose write met a database outage longer than the retries'
+  30 s is kept and written as soon as the database answers, by the
+  ``handback`` thread (vpay/worker/handback.py).
 * A signal stops claiming; in-flight jobs get ``shutdown_grace`` seconds from
   the signal. All done → ``Drain.CLEAN``. Otherwise the leases still held are
   released (due at once for another worker) → ``Drain.TIMED_OUT``; so too
@@ -52,14 +59,17 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from vpay.base import logs, metrics
-from vpay.engine import fairness, lanes, queue, vacuum
+from vpay import __version__
+from vpay.engine import fairness, lanes, queue, vacuum, workers
 from vpay.engine.outcome import JobError, Outcome
 from vpay.engine.liveness import DEAD_AFTER_SECONDS, Liveness
 from vpay.engine.wake import Listener, Waker, jittered
 from vpay.worker import maintenance
 from vpay.worker.gauge import Gauge, GaugeLine
+from vpay.worker.handback import KeptOutcomes
 from vpay.worker.leases import Leases
 from vpay.worker.outcomes import OutcomeWriter, answer_lost, job_extra
+from vpay.worker.presence import Presence
 from vpay.worker.sdnotify import Notifier, watchdog_interval
 from vpay.worker.signals import Drain, ShutdownSignals
 
@@ -94,6 +104,9 @@ class WorkerConfig:
     session_url: str | None = None
     """The URL of the connections that need a session: the listener's and the
     vacuum's (``VPAY_SESSION_DATABASE_URL``); ``None``: the pool's."""
+    dead_after: float = workers.DEAD_AFTER_SECONDS
+    """``VPAY_WORKER_DEAD_AFTER_SECONDS``: this worker is judged dead, and its
+    leases reaped, when its heartbeat is older (vpay/engine/workers.py)."""
 
     def loops(self) -> list[tuple[str, ...]]:
         """The lanes each claim loop serves (``lanes.split``)."""
@@ -155,6 +168,11 @@ class Worker:
         self.leases = Leases(pool, config.worker_id, config.lease)
         self.outcomes = OutcomeWriter(pool, config.worker_id, config.lease, self.gauge,
                                       self.leases, self._draining)
+        # Outcomes whose write met a long outage: kept, written when the
+        # database answers; bounded by the lease (vpay/worker/handback.py).
+        self.kept = KeptOutcomes(self.outcomes.write_once, self.leases, config.worker_id,
+                                 keep_for=config.lease)
+        self.outcomes.kept = self.kept
         self.loops = config.loops()  # lanes.LaneError on a split that does not fit
         self.waker = Waker(self.loops)
         self.fairness = fairness.Rebalancer()
@@ -168,8 +186,11 @@ class Worker:
         self.gauge_line = GaugeLine(pool, self.gauge, self.loops, config.worker_id, self.notifier,
                                     lambda: self.ctx.rail_pauses(), self.jobs_vacuum,
                                     lambda: self.listener.snapshot() if self.listener else None)
-        self.heartbeat = maintenance.Heartbeat(self.leases, config.lease, self._halt)
-        self.reaper = maintenance.Reaper(pool, config.worker_id, self.gauge, config.lease, self._halt)
+        self.presence = Presence(pool, config.worker_id, config.queues, config.dead_after, __version__)
+        self.heartbeat = maintenance.Heartbeat(self.leases, self.presence, config.lease, self._halt)
+        self.reaper = maintenance.Reaper(pool, config.worker_id, self.gauge, config.lease, self._halt,
+                                         self.presence)
+        self.handback = maintenance.Handback(self.kept, self._halt)
         self.gauge_timer = maintenance.GaugeTimer(self.gauge_line, self._halt)
 
     def _draining(self) -> bool:
@@ -276,7 +297,8 @@ class Worker:
             with logs.job_context(job, self.config.worker_id):
                 return self._run(job, served)
         finally:
-            self.leases.drop(job)
+            if not self.kept.holds(job):  # a kept outcome's job stays held
+                self.leases.drop(job)
 
     def _run(self, job: queue.Job, claim_next: tuple[str, ...] | None = None) -> queue.Job | None:
         """Handle ``job`` and apply its outcome. With ``claim_next`` (lanes),
@@ -300,11 +322,13 @@ class Worker:
         try:
             kept, nxt = self.outcomes.apply(job, outcome, error, claim_next)
         except Exception as exc:  # noqa: BLE001 - the claim loop must outlive any one job
-            # A database that stayed away past the retries, a statement it
-            # refused, or an answer that is not an Outcome: the lease is left
-            # to the reaper, which counts the failure and parks the job after
-            # MAX_FAILURES. Kept, so the drain cannot call itself clean while
-            # the job is still leased to us (Leases.release_unrecorded).
+            # A statement the database refused, or an answer that is not an
+            # Outcome (a bug): the lease is left to the reaper, which counts
+            # the failure and parks the job after MAX_FAILURES. Kept, so the
+            # drain cannot call itself clean while the job is still leased to
+            # us (Leases.release_unrecorded). (An outage past the retries does
+            # not land here: that outcome is kept and written when the
+            # database answers, vpay/worker/handback.py.)
             if isinstance(exc, (psycopg.Error, PoolTimeout)):
                 metrics.database_error("outcome")
             self.leases.unrecorded(job)
@@ -313,6 +337,10 @@ class Worker:
             metrics.job_finished(job, outcome, None, elapsed)
             return None
         metrics.job_finished(job, outcome, kept, elapsed)
+        if kept is None:
+            # The database stayed away past the retries: the outcome is kept
+            # and written when it answers (vpay/worker/handback.py).
+            return None
         if kept and self.jobs_vacuum is not None:
             self.jobs_vacuum.finished()
         if not kept:
@@ -327,6 +355,15 @@ class Worker:
     # ---- run and drain --------------------------------------------------
 
     def run(self) -> Drain:
+        """Register this worker's row, reap at boot, run the claim loops and
+        helper threads until a signal, drain, and mark the row stopped.
+        Answers the ``Drain``."""
+        self.presence.register()  # before the boot reap: leases of an earlier process under our id
+        drain = self._run_until_drained()
+        self.presence.stop()
+        return drain
+
+    def _run_until_drained(self) -> Drain:
         cfg = self.config
         reaped = self.reaper.reap()
         split = lanes.describe(self.loops)
@@ -334,7 +371,8 @@ class Worker:
                                           "queues": list(cfg.queues), "loops": split,
                                           "lease_seconds": cfg.lease, "reaped_at_boot": reaped,
                                           "jobs_vacuum_every": cfg.jobs_vacuum_every,
-                                          "listener_dead_after_seconds": cfg.listener_dead_after})
+                                          "listener_dead_after_seconds": cfg.listener_dead_after,
+                                          "dead_after_seconds": cfg.dead_after})
         # A rail lane riding along for want of its rail calls nobody: not a risk.
         shared = ["+".join(g) for g in dict.fromkeys(self.loops)
                   if len([lane for lane in g if lane not in cfg.passive]) > 1]
@@ -347,7 +385,7 @@ class Worker:
         # and no job is handled before the service manager hears it.
         self.notifier.ready(status=f"claiming with {cfg.concurrency} loops")
         self._beats[:] = [time.monotonic()] * cfg.concurrency
-        helpers: list[threading.Thread] = [self.heartbeat, self.reaper, self.gauge_timer]
+        helpers: list[threading.Thread] = [self.heartbeat, self.reaper, self.handback, self.gauge_timer]
         wd = watchdog_interval()
         if wd and self.notifier.enabled:
             helpers.append(maintenance.Watchdog(self.notifier, self._beats, self._stopping,
@@ -396,6 +434,7 @@ class Worker:
         if self.jobs_vacuum is not None:
             self.jobs_vacuum.stop()
         self.leases.release_unanswered()  # the heartbeat will not come round again
+        self.kept.last_try()  # written, or the lease handed back: nothing left held
         if not pending:
             executor.shutdown(wait=True)
             # After the loops: none can add to it any more.

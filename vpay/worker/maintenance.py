@@ -1,5 +1,5 @@
-"""The worker's helper threads: heartbeat, reaper, gauge and watchdog, each a
-small service with one loop on its own interval.
+"""The worker's helper threads: heartbeat, reaper, handback, gauge and
+watchdog, each a small service with one loop on its own interval.
 
 As River's maintenance services (riverqueue/river, internal/maintenance/):
 each ``Service`` is a named daemon thread that, every ``interval`` seconds
@@ -17,12 +17,15 @@ import threading
 import time
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from vpay.base import metrics
-from vpay.engine import queue
+from vpay.engine import queue, workers
+from vpay.worker import handback
 from vpay.worker.gauge import Gauge, GaugeLine
+from vpay.worker.handback import KeptOutcomes
 from vpay.worker.leases import Leases
+from vpay.worker.presence import Presence
 from vpay.worker.sdnotify import Notifier
 
 log = logging.getLogger("vpay.worker")
@@ -50,42 +53,54 @@ class Service(threading.Thread):
 
 
 class Heartbeat(Service):
-    """Renews the leases this worker holds every ``lease / 3`` (0.3 s at
-    least), so a lease runs out only when its worker is dead (or too wedged
-    to run this thread); first hands back the claims whose answer was lost
-    (``Leases.hand_back``) that the database could not take at the time."""
+    """Beats this worker's row in ``workers`` and renews the leases it holds,
+    every ``lease / 3`` or ``dead_after / 4`` seconds, whichever is sooner
+    (0.3 s at least), so a lease runs out, and the worker is judged dead,
+    only when its worker is dead (or too wedged to run this thread); first
+    hands back the claims whose answer was lost (``Leases.hand_back``) that
+    the database could not take at the time."""
 
-    def __init__(self, leases: Leases, lease: float, halt: threading.Event):
-        super().__init__("heartbeat", max(lease / 3.0, 0.3), halt)
+    def __init__(self, leases: Leases, presence: Presence, lease: float, halt: threading.Event):
+        super().__init__("heartbeat", max(min(lease / 3.0, workers.beat_interval(presence.dead_after)),
+                                          0.3), halt)
         self.leases = leases
+        self.presence = presence
 
     def turn(self) -> None:
         self.leases.release_unanswered()
+        self.presence.beat()
         self.leases.renew()
 
 
 class Reaper(Service):
-    """Frees leases past their own expiry every ``lease / 2`` (0.5 s at
-    least), on a timer of its own so a dead queue cannot stop it; the worker
-    also ``reap``s once at boot."""
+    """Frees leases past their own expiry, and leases whose holder is gone
+    (``queue.reap_expired_leases``: stopped, restarted, or dead by its
+    heartbeat while ``presence.steady()``), every ``lease / 2`` or
+    ``dead_after / 4`` seconds, whichever is sooner (0.5 s at least), on a
+    timer of its own so a dead queue cannot stop it; the worker also
+    ``reap``s once at boot."""
 
     def __init__(self, pool: ConnectionPool, worker_id: str, gauge: Gauge, lease: float,
-                 halt: threading.Event):
-        super().__init__("reaper", max(lease / 2.0, 0.5), halt)
+                 halt: threading.Event, presence: Presence):
+        super().__init__("reaper", max(min(lease / 2.0, workers.beat_interval(presence.dead_after)),
+                                       0.5), halt)
         self.pool = pool
         self.worker_id = worker_id
         self.gauge = gauge
+        self.presence = presence
 
     def reap(self) -> int:
-        """Free leases past their own expiry; log each reaped job. Answers how
-        many; raises ``psycopg.Error`` when the database cannot be reached."""
+        """Free leases past their own expiry or whose holder is gone; log
+        each reaped job. Answers how many; raises ``psycopg.Error`` when the
+        database cannot be reached."""
+        by_heartbeat = self.presence.steady()
         with self.pool.connection() as conn:
-            rows = queue.reap_expired_leases(conn)
+            rows = queue.reap_expired_leases(conn, by_heartbeat=by_heartbeat, reaper=self.worker_id)
         for row in rows:
             log.warning("lease reaped", extra={"worker_id": self.worker_id,
                                                "job_id": row["id"], "kind": row["kind"],
                                                "lane": row["lane"], "dedupe_key": row["dedupe_key"],
-                                               "parked": row["parked"]})
+                                               "parked": row["parked"], "why": row["why"]})
         for row in rows:
             self.gauge.count(row["lane"], "reaped")
         return len(rows)
@@ -93,9 +108,25 @@ class Reaper(Service):
     def turn(self) -> None:
         try:
             self.reap()
-        except psycopg.Error as exc:  # the timer must outlive any database error
+        except (psycopg.Error, PoolTimeout) as exc:  # the timer must outlive any database error
             metrics.database_error("reaper")
+            self.presence.trouble()
             log.warning("reaper could not reach the database", extra={"error": str(exc)[:300]})
+
+
+class Handback(Service):
+    """Tries the writes of the outcomes kept through a database outage
+    (``KeptOutcomes.retry``, vpay/worker/handback.py) every
+    ``handback.RETRY_EVERY`` seconds: each lands within about that long after
+    the database answers again."""
+
+    def __init__(self, kept: KeptOutcomes, halt: threading.Event):
+        super().__init__("handback", handback.RETRY_EVERY, halt)
+        self.kept = kept
+
+    def turn(self) -> None:
+        if len(self.kept):
+            self.kept.retry()
 
 
 class GaugeTimer(Service):

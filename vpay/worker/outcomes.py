@@ -8,7 +8,11 @@ with ``failure_backoff``, parked after ``queue.MAX_FAILURES`` in a row. A
 fenced write that matches nothing is not kept: the lease was lost. One
 attempt first; only a database error enters the retrying path, which asks
 the row whether an attempt whose answer was lost made the write
-(``queue.write_was_made``).
+(``queue.write_was_made``). An outage longer than the retrying path's
+``RETRY_SECONDS`` (30) hands the outcome to ``KeptOutcomes``
+(vpay/worker/handback.py): the job stays held, and its fenced write is tried
+every second until the database answers, never left leased to this live
+worker without anyone writing it.
 """
 
 from __future__ import annotations
@@ -67,12 +71,17 @@ def job_extra(worker_id: str, job: queue.Job, **more) -> dict:
             "lane": job.lane, "dedupe_key": job.dedupe_key, "attempts": job.attempts, **more}
 
 
+RETRY_SECONDS = 30.0
+"""How long the claim loop itself retries an outcome's write through a
+database outage (a restart, a dropped connection), with waits of at most
+2 s; past it the outcome is kept and written by the ``handback`` thread as
+soon as the database answers (vpay/worker/handback.py), and the loop goes on."""
+
+
 def _retry_db(fn):
-    """Apply a write through a brief database outage (a restart, a dropped
-    connection): up to 30 s. After that the lease stays, and the reaper
-    frees the job later; nothing is lost either way."""
-    return retry(retry=retry_if_exception_type(DB_ERRORS), stop=stop_after_delay(30),
-                 wait=wait_exponential(multiplier=0.2, max=5), reraise=True)(fn)
+    """Apply a write through a brief database outage: up to ``RETRY_SECONDS``."""
+    return retry(retry=retry_if_exception_type(DB_ERRORS), stop=stop_after_delay(RETRY_SECONDS),
+                 wait=wait_exponential(multiplier=0.2, max=2), reraise=True)(fn)
 
 
 class OutcomeWriter:
@@ -89,22 +98,29 @@ class OutcomeWriter:
         self.gauge = gauge
         self.leases = leases
         self.draining = draining
+        self.kept = None
+        """Where an outcome goes whose write met a database outage longer
+        than ``RETRY_SECONDS``: a ``KeptOutcomes``
+        (vpay/worker/handback.py), set by the worker; ``None``: the error is
+        raised instead."""
 
     def apply(self, job: queue.Job, outcome: Outcome | None, error: str | None,
-              claim_next: tuple[str, ...] | None = None) -> tuple[bool, queue.Job | None]:
+              claim_next: tuple[str, ...] | None = None) -> tuple[bool | None, queue.Job | None]:
         """Write the outcome (fenced): ``(kept, next job claimed or None)``.
         One attempt first; only a database error enters the retrying path
-        (tenacity, up to 30 s, fresh connections, no claim), so a healthy
-        job pays for no retry machinery. ``error``: the handler's exception
-        text when ``outcome`` is ``None``. Raises what the retries could not
-        get past, and ``TypeError`` for an answer that is not an Outcome."""
+        (tenacity, up to ``RETRY_SECONDS``, fresh connections, no claim), so a healthy
+        job pays for no retry machinery. ``kept`` is ``None`` when the
+        database stayed away past those: the outcome is then kept by
+        ``kept`` (vpay/worker/handback.py) and written as soon as the database
+        answers. ``error``: the handler's exception text when ``outcome`` is
+        ``None``. Raises ``TypeError`` for an answer that is not an Outcome."""
         next_token = queue.new_lease_token()  # the lease token of the next job, if this write claims one
         try:
             with self.pool.connection() as conn:
                 return self._write(conn, job, outcome, error, claim_next, next_token)
         except DB_ERRORS as exc:
             metrics.database_error("outcome")
-            # INFO: the retrying path logs an ERROR if it gives up
+            # INFO: the retrying path logs a WARNING if it hands the outcome over
             log.info("could not record the job's outcome; retrying",
                      extra=job_extra(self.worker_id, job, error=str(exc)[:300]))
             lost_answer = answer_lost(exc)
@@ -113,10 +129,27 @@ class OutcomeWriter:
         return self.write_retrying(job, outcome, error, lost_answer), None
 
     def write_retrying(self, job: queue.Job, outcome: Outcome | None, error: str | None,
-                       lost_answer: bool = False) -> bool:
-        """The retrying path of ``apply`` (``_retry_db``: up to 30 s).
-        ``lost_answer``: the first attempt's answer was lost, so it may have
-        committed. A retry that matches nothing asks the row whether one of
+                       lost_answer: bool = False) -> bool | None:
+        """The retrying path of ``apply`` (``_retry_db``: up to
+        ``RETRY_SECONDS``), each try a ``write_once``. ``lost_answer``: the
+        first attempt's answer was lost, so it may have committed. Past
+        ``RETRY_SECONDS`` the outcome is handed to ``kept`` and ``None``
+        answered (raised instead when there is no ``kept``)."""
+        lost = [lost_answer]
+        try:
+            return _retry_db(lambda: self.write_once(job, outcome, error, lost))()
+        except DB_ERRORS as exc:
+            if self.kept is None:
+                raise
+            self.kept.keep(job, outcome, error, lost[0], exc)
+            return None
+
+    def write_once(self, job: queue.Job, outcome: Outcome | None, error: str | None,
+                   lost: list[bool], timeout: float | None = None) -> bool:
+        """One try of a retried write, on a connection had within ``timeout``
+        seconds (the pool's default when ``None``); raises ``DB_ERRORS``.
+        ``lost[0]``: an earlier attempt's answer was lost (set here when this
+        one's is). A try that matches nothing asks the row whether one of
         this lease's attempts made the write (``queue.write_was_made``): for
         a reschedule, retry_failed or park the row names the lease that last
         ended it, whatever the errors were; for a finish (the row gone) only
@@ -124,27 +157,21 @@ class OutcomeWriter:
         it: after errors the server answered (or a checkout that timed out),
         nothing committed, and matching nothing is a lost lease. Inexact in
         the two rare paths ``write_was_made`` names, neither touching money."""
-        lost = [lost_answer]
-
-        @_retry_db
-        def attempt() -> bool:
-            with self.pool.connection() as conn:
-                try:
-                    kept = self._write(conn, job, outcome, error, None)[0]
-                except DB_ERRORS as exc:
-                    # Only the write's own lost answer counts: an error of
-                    # the checkout or of write_was_made's read sent no write.
-                    lost[0] = lost[0] or answer_lost(exc)
-                    raise
-                finished = isinstance(outcome, Done)
-                if not kept and (lost[0] or not finished) and queue.write_was_made(conn, job, finished):
-                    log.info("the outcome was recorded by an attempt whose answer was lost",
-                             extra=job_extra(self.worker_id, job))
-                    self.gauge.count(job.lane, counted_as(job, outcome))
-                    kept = True
-                return kept
-
-        return attempt()
+        with self.pool.connection(timeout=timeout) as conn:
+            try:
+                kept = self._write(conn, job, outcome, error, None)[0]
+            except DB_ERRORS as exc:
+                # Only the write's own lost answer counts: an error of
+                # the checkout or of write_was_made's read sent no write.
+                lost[0] = lost[0] or answer_lost(exc)
+                raise
+            finished = isinstance(outcome, Done)
+            if not kept and (lost[0] or not finished) and queue.write_was_made(conn, job, finished):
+                log.info("the outcome was recorded by an attempt whose answer was lost",
+                         extra=job_extra(self.worker_id, job))
+                self.gauge.count(job.lane, counted_as(job, outcome))
+                kept = True
+            return kept
 
     def _write(self, conn: psycopg.Connection, job: queue.Job, outcome: Outcome | None,
                error: str | None, claim_next: tuple[str, ...] | None,

@@ -1,0 +1,144 @@
+"""Workers as rows: the ``workers`` table (sql/0024_workers.sql), one row per
+worker id, and how the queue judges a lease's holder by it.
+
+Design page, "Leases and crash recovery"; issue 25, "Workers as rows". A
+worker ``register``s at start (its id is the one it writes in
+``jobs.locked_by``), ``beat``s from its heartbeat thread every
+``beat_interval(dead_after)`` seconds, and ``stop``s when it exits cleanly.
+The view ``worker_states`` says what each is: ``live`` (its heartbeat is
+within its own ``dead_after_seconds``), ``dead``, or ``stopped``.
+
+A lease's holder is gone (``lease_holder_gone`` in the migration) when its
+row says ``stopped``; ``restarted`` when the lease was claimed before the
+holder's row was last registered (a worker restarted under the same id,
+``--worker-id %H:%i`` under systemd, holds nothing from before: its earlier
+incarnation claimed it and is gone); ``dead`` when the holder's heartbeat is
+older than the holder's own bound, unless the database itself started less
+than that bound ago (after a restart nobody could beat). The reaper frees
+those leases then, not at lease expiry (``queue.reap_expired_leases``); a
+holder with no row at all is judged by the lease's expiry alone. Every
+lease-ending write is still fenced on ``locked_by`` and the lease token, so a
+holder judged dead that was only frozen changes nothing when it wakes.
+
+Retention: the hourly sweep deletes rows of workers dead or stopped for
+longer than ``DEAD_WORKER_RETENTION_SECONDS`` (``prune``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+import psycopg
+from psycopg.rows import dict_row
+
+from vpay.base.db import ConfigError
+from vpay.base.queries import Q
+
+DEAD_AFTER_SECONDS = 30.0
+"""Default of ``VPAY_WORKER_DEAD_AFTER_SECONDS``: a worker whose heartbeat is
+older than this is dead, and the leases it holds are reaped then rather than
+at their expiry (the lease, 300 s by default, stays the fallback). Four
+heartbeats fit in it (``beat_interval``): one late beat under load, or a
+database blip of a few seconds, is not death."""
+
+MIN_DEAD_AFTER_SECONDS = 1.0
+"""The smallest ``VPAY_WORKER_DEAD_AFTER_SECONDS`` accepted: below it the
+heartbeat would write every quarter of a second per worker, and a loaded box
+misses that often enough to reap live workers' leases."""
+
+MAX_DEAD_AFTER_SECONDS = 3600.0
+"""The largest ``VPAY_WORKER_DEAD_AFTER_SECONDS`` accepted: past an hour the
+lease's expiry (300 s by default) frees the jobs first anyway."""
+
+BEATS_PER_BOUND = 4
+"""Heartbeats per ``dead_after``: a worker is judged dead only after missing
+about four in a row."""
+
+DEAD_WORKER_RETENTION_SECONDS = 7 * 86400.0
+"""How long the row of a worker dead or stopped stays in ``workers`` (seconds:
+a week, to look back at a crash over a weekend). The hourly sweep deletes
+older ones (``prune``), never one whose worker still holds a lease."""
+
+STATES = ("live", "dead", "stopped")
+"""The ``state`` of a row of ``worker_states``."""
+
+
+def dead_after_from_env(env: Mapping[str, str] | None = None) -> float:
+    """``VPAY_WORKER_DEAD_AFTER_SECONDS`` from ``env`` (default
+    ``os.environ``): seconds, ``DEAD_AFTER_SECONDS`` when unset or blank.
+    Raises ``ConfigError`` (the worker exits 78) unless it is a finite
+    number from ``MIN_DEAD_AFTER_SECONDS`` to ``MAX_DEAD_AFTER_SECONDS``."""
+    env = os.environ if env is None else env
+    name = "VPAY_WORKER_DEAD_AFTER_SECONDS"
+    raw = env.get(name, "").strip()
+    if not raw:
+        return DEAD_AFTER_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and MIN_DEAD_AFTER_SECONDS <= value <= MAX_DEAD_AFTER_SECONDS):
+        raise ConfigError(f"{name} must be a number of seconds from {MIN_DEAD_AFTER_SECONDS:g} to "
+                          f"{MAX_DEAD_AFTER_SECONDS:g}, got {raw!r}")
+    return value
+
+
+def beat_interval(dead_after: float) -> float:
+    """Seconds between two heartbeats of a worker whose bound is ``dead_after``."""
+    return dead_after / BEATS_PER_BOUND
+
+
+def register(conn: psycopg.Connection, worker_id: str, *, host: str, pid: int,
+             lanes: Iterable[str], version: str, dead_after: float,
+             started_at: datetime | None = None) -> datetime:
+    """Insert or take over ``worker_id``'s row: live from now (``stopped_at``
+    cleared). ``started_at``: the database's time this process first
+    registered (``None``: now; passed again when a beat finds the row gone,
+    so that a lease this process claimed is never taken for an earlier
+    incarnation's). Answers the row's ``started_at``."""
+    row = conn.execute(Q["worker_register"], {
+        "id": worker_id, "host": host, "pid": int(pid), "lanes": list(lanes), "version": version,
+        "dead_after": float(dead_after), "started_at": started_at}).fetchone()
+    return row[0]
+
+
+def beat(conn: psycopg.Connection, worker_id: str) -> bool:
+    """``heartbeat_at = now()`` on ``worker_id``'s row. Answers ``False`` when
+    there is no row to beat (pruned while the process was frozen for a week,
+    or stopped): the caller registers again."""
+    return conn.execute(Q["worker_beat"], {"id": worker_id}).fetchone() is not None
+
+
+def stop(conn: psycopg.Connection, worker_id: str) -> bool:
+    """Mark ``worker_id`` stopped (a clean exit): a lease it still holds is
+    reaped at once. Answers whether a row was marked."""
+    return conn.execute(Q["worker_stop"], {"id": worker_id}).fetchone() is not None
+
+
+def list_workers(conn: psycopg.Connection, state: str | None = None,
+                 limit: int = 1000) -> list[dict[str, Any]]:
+    """Rows of ``worker_states``, live first, then by id: ``[{id, host, pid,
+    lanes, version, started_at, heartbeat_at, heartbeat_age (seconds),
+    dead_after_seconds, stopped_at, state, leases}]``; ``leases`` counts the
+    jobs leased to that id now. ``state``: only rows in that state (one of
+    ``STATES``; ``ValueError`` otherwise)."""
+    if state is not None and state not in STATES:
+        raise ValueError(f"unknown worker state {state!r}; states are {','.join(STATES)}")
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["workers_list"], {"state": state, "limit": limit}).fetchall()
+
+
+def live_count(conn: psycopg.Connection) -> int:
+    """How many workers are live now."""
+    return conn.execute(Q["workers_live"]).fetchone()[0]
+
+
+def prune(conn: psycopg.Connection,
+          retention: float = DEAD_WORKER_RETENTION_SECONDS) -> int:
+    """Delete the rows of workers dead or stopped for longer than
+    ``retention`` seconds (since their last heartbeat, or their stop) that
+    hold no lease. Answers how many."""
+    return len(conn.execute(Q["workers_prune"], {"retention": float(retention)}).fetchall())
