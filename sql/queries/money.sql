@@ -24,9 +24,15 @@ RETURNING *;
 -- enabled webhook endpoint at this moment: an event nobody can receive gets
 -- no job (docs/webhooks.md, "Who gets an event"; issue #15). An endpoint
 -- added later receives the events written after it, as before.
+-- The id is the transition's (vpay.money.ids.event_id): an id that exists
+-- already is the same transition written before, so nothing is written and
+-- nothing answered (no second fan-out); the caller reads the row that
+-- exists (existing_event). The compare-and-swap of every transition makes
+-- this impossible on one timeline of the database (charges.emit_event).
 WITH event AS (
     INSERT INTO events (id, type, payment_intent_id, data)
     VALUES (%(id)s, %(type)s, %(payment_intent_id)s, %(data)s)
+    ON CONFLICT (id) DO NOTHING
     RETURNING id, type, payment_intent_id, data, created_at
 ), fanout AS (
     INSERT INTO jobs (kind, lane, dedupe_key, payload)
@@ -39,6 +45,10 @@ WITH event AS (
     ON CONFLICT (dedupe_key) DO NOTHING
 )
 SELECT id, type, payment_intent_id, data, created_at FROM event;
+
+-- name: existing_event
+-- The event insert_event found already written under its id.
+SELECT id, type, payment_intent_id, data, created_at FROM events WHERE id = %(id)s;
 
 -- name: load_charge
 -- Ages come from the database's clock, never a worker's.

@@ -16,3 +16,10 @@ def test_the_url_wins_and_its_password_never_shows():
     out = describe("postgresql://vpay:s3cret@10.0.0.5:5433/pay", env)
     assert out == "vpay@10.0.0.5:5433/pay"
     assert "s3cret" not in out and "hunter2" not in out
+
+
+def test_a_multi_host_url_names_every_server_in_the_order_libpq_tries_them():
+    # docs/deployment.md, "Replication and failover"
+    url = "postgresql://vpay:s3cret@db-a:5432,db-b:5433/vpay?target_session_attrs=read-write"
+    assert describe(url, {}) == "vpay@db-a:5432,db-b:5433/vpay"
+    assert describe("postgresql://vpay@/vpay?host=db-a,db-b&port=6432", {}) == "vpay@db-a:6432,db-b:6432/vpay"

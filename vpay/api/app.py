@@ -79,7 +79,11 @@ class Database:
             with self._lock:
                 if self._pool is None:
                     from vpay.base.db import make_pool
+                    from vpay.base.replication import CommitModeLog
+                    # The commit mode is logged by the first connection, and
+                    # again when a failover changes it.
                     self._pool = make_pool(self.url, max_size=self.max_size, min_size=1,
+                                           configure=CommitModeLog("api"),
                                            name="vpay-api", timeout=self.timeout, wait=False)
         return self._pool
 

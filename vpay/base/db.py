@@ -30,7 +30,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -98,7 +98,8 @@ def describe(url: str, environ: Mapping[str, str] | None = None) -> str:
     what libpq will use: ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGDATABASE``
     from ``environ`` (default ``os.environ``), else libpq's own defaults (a
     Unix socket, 5432, the OS user), so the line names the server the
-    process really connects to (libpq docs, "Environment Variables")."""
+    process really connects to (libpq docs, "Environment Variables"). A
+    multi-host URL is shown as every ``host:port`` it lists, in order."""
     env = os.environ if environ is None else environ
     try:
         parts = conninfo_to_dict(url)
@@ -108,7 +109,14 @@ def describe(url: str, environ: Mapping[str, str] | None = None) -> str:
     port = parts.get("port") or env.get("PGPORT") or "5432"
     user = parts.get("user") or env.get("PGUSER") or "(os user)"
     dbname = parts.get("dbname") or env.get("PGDATABASE") or "-"
-    return f"{user}@{host}:{port}/{dbname}"
+    # A multi-host URL (a primary and its standbys, docs/deployment.md):
+    # libpq pairs the n-th host with the n-th port, one port serving all.
+    hosts, ports = host.split(","), port.split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    servers = ",".join(f"{h}:{p}" for h, p in zip(hosts, ports)) if len(ports) == len(hosts) \
+        else f"{host}:{port}"
+    return f"{user}@{servers}/{dbname}"
 
 
 def embedded_url(data_dir: str | os.PathLike, cleanup_mode: str = "stop") -> str:
@@ -247,7 +255,8 @@ def check_if_idle(conn: psycopg.Connection) -> None:
 
 
 def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
-              name: str = "vpay", timeout: float | None = None, wait: bool = True) -> ConnectionPool:
+              name: str = "vpay", timeout: float | None = None, wait: bool = True,
+              configure: Callable[[psycopg.Connection], None] | None = None) -> ConnectionPool:
     """An open pool of autocommit connections. A connection idle
     ``CHECK_IDLE_SECONDS`` or more is checked on checkout and replaced when
     broken; a broken one comes back from its failed statement and is
@@ -261,7 +270,10 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
 
     Every connection gets ``connect_kwargs()`` (no server-side prepared
     statements with ``VPAY_DATABASE_PREPARED_STATEMENTS=off``; a bad value
-    raises ``ConfigError`` here).
+    raises ``ConfigError`` here). ``configure`` is called with every new
+    connection before it joins the pool (psycopg_pool's hook; it must leave
+    the connection idle): the worker and the API report the commit mode
+    with it (``vpay.base.replication.CommitModeLog``).
     """
     if timeout is None:
         timeout = open_timeout()
@@ -275,6 +287,7 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
         # connect_kwargs: prepare_threshold=None with VPAY_DATABASE_PREPARED_STATEMENTS=off
         kwargs={"autocommit": True, "application_name": name, **connect_kwargs()},
         check=check_if_idle,
+        configure=configure,
         # Bounded, so the pool's back-off restarts within seconds after a long
         # outage (unbounded, it doubles for ever: ~30 s late after 90 s down);
         # a connection that gives up is replaced on the next checkout.

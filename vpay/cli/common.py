@@ -89,7 +89,7 @@ def guarded_main(command: click.Command, prog_name: str) -> None:
         sys.exit(code if isinstance(code, int) else 0)
 
 
-def open_database(pool_size: int | None = None):
+def open_database(pool_size: int | None = None, configure=None):
     """``(url, conn_or_pool)``: the one way every command and the worker
     reach the database, with one bound and one message.
 
@@ -101,7 +101,8 @@ def open_database(pool_size: int | None = None):
     With ``pool_size``, that connection is closed and a pool of that size
     is opened (bounded the same way) and returned instead: a pool alone
     would retry a refused server for the whole bound and then say only
-    "pool initialization incomplete".
+    "pool initialization incomplete". ``configure``: the pool's new
+    connection hook (``vpay.base.db.make_pool``).
 
     With ``VPAY_DATABASE_PREPARED_STATEMENTS`` on, the URL is first probed
     for a transaction-pooling bouncer (``vpay.base.pooling``: one more
@@ -128,7 +129,7 @@ def open_database(pool_size: int | None = None):
         return url, conn
     conn.close()
     try:
-        return url, make_pool(url, max_size=pool_size)
+        return url, make_pool(url, max_size=pool_size, configure=configure)
     except PoolTimeout as exc:
         exc.vpay_where = describe(url)
         raise

@@ -130,7 +130,10 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     try:
         # The same bound and message as every command (VPAY_DATABASE_OPEN_TIMEOUT_SECONDS);
         # with prepared statements on, a transaction-pooling bouncer is refused there (78).
-        url, pool = open_database(pool_size=MAX_CONNECTIONS)
+        # Each new connection reads whether the primary commits synchronously;
+        # the first one and any change (a failover) are logged.
+        from vpay.base.replication import CommitModeLog
+        url, pool = open_database(pool_size=MAX_CONNECTIONS, configure=CommitModeLog("worker"))
         try:
             # The listener and the vacuum need a session: a transaction-pooled
             # session URL would never deliver a wake-up (vpay/base/pooling.py).

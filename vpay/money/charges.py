@@ -9,7 +9,10 @@ Every transition is one transaction and a compare-and-swap on the current
 status: a second call, a racing worker or a re-run after a crash matches no
 row and answers "nothing to do", and no status moves backwards. Each
 transition writes exactly one event, born with its ``fanout:<event_id>``
-webhook job in the same transaction. Amounts are integers in minor units.
+webhook job in the same transaction, under an id that is a pure function of
+the transition (``event_id_of``): written again on another timeline of the
+database after a failover, it reaches the merchant under the same id.
+Amounts are integers in minor units.
 
 The rules a charge shares with every polled operation (the ladder, the
 24-hour escalation, the settle compare-and-swap, contradictions) are
@@ -32,7 +35,7 @@ from psycopg.types.json import Jsonb
 from vpay.money import misconfiguration, pollable
 from vpay.engine import queue
 from vpay.money.currency import CURRENCIES
-from vpay.money.ids import new_id, new_rail_reference
+from vpay.money.ids import event_id, new_id, new_rail_reference
 from vpay.money.pollable import FIRST_POLL_SECONDS, Pollable, Settled
 from vpay.base.logs import committed
 from vpay.base.queries import Q
@@ -99,18 +102,54 @@ def emit_event(conn: psycopg.Connection, type_: str, intent: dict[str, Any],
     ``failure_code`` and ``failure_kind`` at the top of its data:
     ``configuration`` for ``rail_configuration_refused``, so that no webhook
     consumer can read our misconfiguration as a payer decline
-    (``vpay.money.misconfiguration.failure_kind``)."""
+    (``vpay.money.misconfiguration.failure_kind``).
+
+    The event's id is the transition's, never random (``event_id_of``):
+    the same charge's (or refund's) same transition always has the same id,
+    so that a transition written again after a failover lost the first
+    write (an asynchronous standby promoted before it received it) reaches
+    the merchant under the id they already deduplicate on. An event whose
+    id exists already is therefore the same transition written before: it
+    is kept as it is, no second fan-out is made, and that row is answered
+    (logged at warning: on one timeline every transition's compare-and-swap
+    lets it happen once, so this means the database was restored or written
+    around the state machine). Raises ``RuntimeError`` when the row found
+    is another type or intent (a hash collision: ``vpay.money.ids``)."""
     data = {"object": intent_view(intent), "charge": charge_view(charge), **(extra or {})}
     failed = {"payment_intent.payment_failed": charge,
               "refund.failed": (extra or {}).get("refund") or {}}.get(type_)
     if failed is not None:
         data |= {"failure_code": failed.get("failure_code"),
                  "failure_kind": misconfiguration.failure_kind(failed.get("failure_code"))}
+    event_id = event_id_of(type_, charge, extra)
     with conn.cursor(row_factory=dict_row) as cur:
-        event = cur.execute(Q["insert_event"], {"id": new_id("evt"), "type": type_,
+        event = cur.execute(Q["insert_event"], {"id": event_id, "type": type_,
                                                 "payment_intent_id": intent["id"],
                                                 "data": Jsonb(data)}).fetchone()
+        if event is None:
+            event = cur.execute(Q["existing_event"], {"id": event_id}).fetchone()
+            if event is None or event["type"] != type_ or event["payment_intent_id"] != intent["id"]:
+                raise RuntimeError(f"event id {event_id} of {type_} on {intent['id']} is taken by "
+                                   f"{event and (event['type'], event['payment_intent_id'])}")
+            log.warning("event already written: the same transition again, kept once",
+                        extra={"event_id": event_id, "type": type_, "payment_intent": intent["id"],
+                               "charge_id": charge["id"]})
     return event
+
+
+def event_id_of(type_: str, charge: dict[str, Any], extra: dict[str, Any] | None = None) -> str:
+    """The id of the event ``emit_event`` writes for this transition
+    (``vpay.money.ids.event_id``): its subject is the refund
+    (``extra["refund"]["id"]``) for a ``refund.*`` event, else the charge;
+    its step is ``expired`` for the prompt expiry's
+    ``payment_intent.processing`` (``extra["expired"]`` true), else empty, so
+    the charge's two processing events differ. A new event type needs
+    nothing here; a second event of one type and subject (another step)
+    must say which it is, or it would take the first one's id."""
+    extra = extra or {}
+    if type_.startswith("refund."):
+        return event_id(extra["refund"]["id"], type_)
+    return event_id(charge["id"], type_, "expired" if extra.get("expired") else "")
 
 
 def create_payment(conn: psycopg.Connection, *, merchant_id: str, amount: int, currency: str,

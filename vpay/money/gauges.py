@@ -1,6 +1,7 @@
 """The gauges read from the database at scrape (docs/observability.md):
 queue depth by lane and state, open alerts by kind, charges by status,
-disabled webhook endpoints, rails paused fleet-wide, live workers. One bounded query (``metrics_snapshot`` in
+disabled webhook endpoints, rails paused fleet-wide, live workers, whether
+commits are synchronous (``vpay.base.replication``). One bounded query (``metrics_snapshot`` in
 ``sql/queries/metrics.sql``), its answer reused for ``CACHE_SECONDS``. Only
 the worker registers it (``vpay.base.metrics.serve``)."""
 
@@ -14,6 +15,7 @@ from typing import Any, Callable, Iterable
 from prometheus_client.core import GaugeMetricFamily
 
 from vpay.base import metrics
+from vpay.base import replication
 from vpay.money.alert_kinds import ALERT_KINDS
 from vpay.rails.port import KNOWN_RAILS
 
@@ -35,10 +37,12 @@ class DatabaseCollector:
     state}``, ``vpay_alerts_open{kind}``, ``vpay_charges{status}``,
     ``vpay_webhook_endpoints_disabled``, ``vpay_rail_paused_seconds{rail}``
     (seconds left of the rail's fleet-wide pause, table ``rail_pauses``; 0
-    when none), ``vpay_workers_live`` and ``vpay_database_up`` (1 when the
-    snapshot query answered within its bound and no statement of this
-    worker failed in the last ``metrics.DATABASE_ERROR_WINDOW_SECONDS``,
-    else 0).
+    when none), ``vpay_workers_live``, ``vpay_database_synchronous_commit``
+    (1 when commits wait for a synchronous standby: ``vpay.base.replication``;
+    read at every snapshot, so it follows a failover) and
+    ``vpay_database_up`` (1 when the snapshot query answered within its
+    bound and no statement of this worker failed in the last
+    ``metrics.DATABASE_ERROR_WINDOW_SECONDS``, else 0).
     When the snapshot did not answer, the other families are empty: a
     number from an unanswered query would be a lie; when it answered but
     the worker's own statements fail (a database that answers one query
@@ -79,7 +83,9 @@ class DatabaseCollector:
         try:
             with self.pool.connection(timeout=2.0) as conn, conn.transaction():
                 conn.execute(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT_MS)}")
-                return conn.execute(Q["metrics_snapshot"]).fetchall()
+                rows = conn.execute(Q["metrics_snapshot"]).fetchall()
+                mode = replication.read(conn)
+                return rows + [("synchronous_commit", None, None, 1 if mode.synchronous else 0)]
         except Exception as exc:  # noqa: BLE001 - a scrape must answer whatever the database does
             log.warning("metrics: database snapshot failed", extra={"error": f"{type(exc).__name__}: {exc}"[:300]})
             return None
@@ -101,6 +107,10 @@ class DatabaseCollector:
                                f"within {STATEMENT_TIMEOUT_MS} ms and no statement of this worker failed "
                                f"in the last {metrics.DATABASE_ERROR_WINDOW_SECONDS:g} s "
                                "(vpay_database_errors), else 0.")
+        synchronous = GaugeMetricFamily(
+            "vpay_database_synchronous_commit", "1 when the database's commits wait for a synchronous "
+            "standby (synchronous_standby_names set, synchronous_commit on, remote_write or "
+            "remote_apply), else 0: a failover can then lose committed payments.")
         if rows is not None:
             values: dict[tuple, float] = {}
             for lane in self.lanes:
@@ -129,7 +139,9 @@ class DatabaseCollector:
                     paused.add_metric([a], n)
                 elif family == "workers_live":
                     live.add_metric([], n)
+                elif family == "synchronous_commit":
+                    synchronous.add_metric([], n)
         up.add_metric([], 0 if rows is None or metrics.database_failed_recently() else 1)
-        return [queue, alerts, charges, disabled, paused, live, up]
+        return [queue, alerts, charges, disabled, paused, live, up, synchronous]
 
 
