@@ -50,3 +50,8 @@ DELETE FROM workers w
         OR w.heartbeat_at < now() - make_interval(secs => w.dead_after_seconds))
    AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.locked_at IS NOT NULL AND j.locked_by = w.id)
 RETURNING w.id;
+
+-- name: worker_claimant
+-- Who holds a worker id now, before a new process takes it over: the row's
+-- host and pid, and whether it is live by its own bound.
+SELECT host, pid, state, heartbeat_age FROM worker_states WHERE id = %(id)s;

@@ -240,3 +240,21 @@ def test_a_dead_after_setting_that_cannot_be_meant_is_refused_at_boot_with_78(db
     assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
     assert "VPAY_WORKER_DEAD_AFTER_SECONDS" in res.stderr and res.stderr.count("\n") == 1
     assert db.execute("SELECT count(*) FROM workers").fetchone()[0] == 0  # booted nothing
+
+
+def test_a_second_process_under_a_live_workers_id_is_refused_with_78_and_a_crashed_ones_id_is_taken(
+        db, db_url, spawn):
+    first = _worker(spawn, db_url, "same-id")
+    first.wait_for_log("worker started")
+    res = subprocess.run([script("vpay-worker"), "--worker-id", "same-id", "--queues", "housekeeping"],
+                         env=base_env(db_url), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "'same-id' is live in another process" in res.stderr and res.stderr.count("\n") == 1
+    assert _workers_list(db_url)["same-id"]["pid"] == first.pid  # the first keeps its row
+    first.signal(signal.SIGKILL)
+    first.wait(30)
+    again = _worker(spawn, db_url, "same-id")  # systemd's restart after a crash: same id at once
+    again.wait_for_log("worker started")
+    assert _workers_list(db_url)["same-id"]["pid"] == again.pid
+    again.signal(signal.SIGTERM)
+    assert again.wait(60) == 0, again.text()[-3000:]

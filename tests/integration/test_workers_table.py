@@ -254,3 +254,41 @@ def test_the_metrics_report_live_workers(db, pool):
     _age_heartbeat(db, "c", 300)
     families = {f.name: f for f in DatabaseCollector(pool).collect()}
     assert [s.value for s in families["vpay_workers_live"].samples] == [2]
+
+
+def test_a_worker_id_live_in_another_process_is_refused_and_a_gone_ones_taken_over(db):
+    # Two processes under one id would take each other's leases for a
+    # restart's; the second is refused (78 at boot) while the first runs.
+    workers.register(db, "shared", host="host-a", pid=4242, lanes=("mtn",), version="t", dead_after=30.0)
+    with pytest.raises(workers.ConfigError, match="live in another process"):
+        workers.refuse_shared_id(db, "shared", host="host-b", pid=7, pid_alive=lambda pid: True)
+    with pytest.raises(workers.ConfigError, match="host-a pid 4242"):
+        workers.refuse_shared_id(db, "shared", host="host-a", pid=7, pid_alive=lambda pid: pid == 4242)
+    # Its own row (a registration again) and a crashed process on this host: taken over.
+    workers.refuse_shared_id(db, "shared", host="host-a", pid=4242, pid_alive=lambda pid: True)
+    workers.refuse_shared_id(db, "shared", host="host-a", pid=7, pid_alive=lambda pid: False)
+    # Dead by its heartbeat, or stopped: taken over from any host.
+    _age_heartbeat(db, "shared", 31.0)
+    workers.refuse_shared_id(db, "shared", host="host-b", pid=7, pid_alive=lambda pid: True)
+    workers.register(db, "shared", host="host-a", pid=4242, lanes=("mtn",), version="t", dead_after=30.0)
+    workers.stop(db, "shared")
+    workers.refuse_shared_id(db, "shared", host="host-b", pid=7, pid_alive=lambda pid: True)
+    workers.refuse_shared_id(db, "unknown", host="host-b", pid=7)
+
+
+def test_pid_running_tells_a_live_process_from_a_gone_or_zombie_one():
+    import os
+    import subprocess
+    import sys
+
+    from support import wait_until
+    assert workers.pid_running(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        # Exited but not yet waited for: a zombie, which runs nothing.
+        wait_until(lambda: open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
+                   what="the child to exit")
+        assert not workers.pid_running(child.pid)
+    finally:
+        child.wait()
+    assert not workers.pid_running(child.pid)

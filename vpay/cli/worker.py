@@ -167,10 +167,12 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                           passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
                           jobs_vacuum_every=jobs_vacuum_every, listener_dead_after=listener_dead_after,
                           session_url=session_url or url, dead_after=dead_after)
+    from vpay.engine import workers
     from vpay.handlers import ensure_scheduled
     from vpay.webhooks.sealing import check_keys, plaintext_count
     with pool.connection() as conn:
         try:
+            workers.refuse_shared_id(conn, wid, host=socket.gethostname(), pid=os.getpid())
             unopened = check_keys(conn, box)  # wrong keys: refused here, not at every delivery
         except ConfigError as exc:
             pool.close()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import os
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import psycopg
 from psycopg.rows import dict_row
@@ -103,6 +103,47 @@ def register(conn: psycopg.Connection, worker_id: str, *, host: str, pid: int,
         "id": worker_id, "host": host, "pid": int(pid), "lanes": list(lanes), "version": version,
         "dead_after": float(dead_after), "started_at": started_at}).fetchone()
     return row[0]
+
+
+def refuse_shared_id(conn: psycopg.Connection, worker_id: str, *, host: str, pid: int,
+                     pid_alive: Callable[[int], bool] | None = None) -> None:
+    """Refuse to start a second live process under ``worker_id``. Two
+    processes sharing an id would take each other's leases for a restart's
+    (``lease_holder_gone``: "restarted"), redo each other's work, and show as
+    one row in ``workers list``. Raises ``ConfigError`` (the worker exits 78)
+    when the id's row is live by its heartbeat and names another process: on
+    another host, or on this host with a pid that still runs
+    (``pid_alive``, default ``pid_running``). A row whose process is gone (a
+    crash restarted by systemd under ``--worker-id %H:%i``) is taken over."""
+    row = conn.execute(Q["worker_claimant"], {"id": worker_id}).fetchone()
+    if row is None:
+        return
+    other_host, other_pid, state, age = row
+    if state != "live" or (other_host == host and other_pid == pid):
+        return
+    alive = pid_alive or pid_running
+    if other_host == host and not alive(other_pid):
+        return
+    raise ConfigError(
+        f"worker id {worker_id!r} is live in another process ({other_host} pid {other_pid}, heartbeat "
+        f"{float(age):.0f} s ago): give each worker its own --worker-id (systemd: --worker-id %H:%i), "
+        f"or stop that one first")
+
+
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie does not: it has
+    exited and waits for its parent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def beat(conn: psycopg.Connection, worker_id: str) -> bool:
