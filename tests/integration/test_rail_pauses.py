@@ -8,6 +8,8 @@ Two real workers: tests/acceptance/test_isolation.py."""
 from __future__ import annotations
 
 import json
+import threading
+from contextlib import contextmanager
 
 import pytest
 from click.testing import CliRunner
@@ -17,6 +19,7 @@ from vpay.cli import main
 from vpay.rails.gate import RailGate, share_pauses
 from vpay.rails.pauses import REFRESH_SECONDS, DatabasePauses
 from vpay.rails.port import RailPaused
+from support import wait_until
 
 
 class Clock:
@@ -66,6 +69,71 @@ def test_the_copy_is_read_again_at_its_refresh_bound_and_not_before(db, pool):
     clock.now += REFRESH_SECONDS / 2  # the copy ages on this process's clock until read again
     assert board.in_force("mtn").seconds_left == pytest.approx(pause.seconds_left - REFRESH_SECONDS / 2)
     assert board.in_force("orange") is None
+
+
+class HeldPool:
+    """The real pool, whose first checkout waits until the test lets it go:
+    a board read on its way, as a loaded database keeps it."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.entered = threading.Event()
+        self.go = threading.Event()
+        self._held = False
+
+    @contextmanager
+    def connection(self, timeout=None):
+        if not self._held:
+            self._held = True
+            self.entered.set()
+            assert self.go.wait(30), "the test never let the read go"
+        with self.pool.connection(timeout=timeout) as conn:
+            yield conn
+
+
+class CountedLock:
+    """A lock that counts the threads that came to it, waiting or not."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.arrivals = 0
+
+    def __enter__(self):
+        self.arrivals += 1
+        self._lock.acquire()
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def test_a_thread_that_finds_the_board_being_read_waits_for_that_read(db, pool):
+    # Two claim loops of a process that had never read the board: the first
+    # one's read is on its way when the second checks. The copy was marked
+    # fresh when the read began, so the second took the empty copy and sent
+    # a read to a rail another replica had paused (two real workers under
+    # load: test_isolation.py).
+    DatabasePauses(pool, "replica-a:1").publish("mtn", 30, "HTTP 429 Retry-After 30")
+    held = HeldPool(pool)
+    board = DatabasePauses(held, "replica-b:2")
+    board._reading = reading = CountedLock()
+    answers = {}
+
+    def check(name):
+        answers[name] = board.in_force("mtn")
+
+    first = threading.Thread(target=check, args=("first",))
+    first.start()
+    assert held.entered.wait(30)
+    second = threading.Thread(target=check, args=("second",))
+    second.start()
+    # Either it answered from the copy already (the bug), or it waits for the read.
+    wait_until(lambda: "second" in answers or reading.arrivals == 2, what="the second check")
+    held.go.set()
+    for t in (first, second):
+        t.join(30)
+        assert not t.is_alive()
+    for name in ("first", "second"):
+        assert answers[name] is not None and answers[name].set_by == "replica-a:1", name
 
 
 def test_a_gate_honours_a_pause_another_process_wrote_without_calling_the_rail(db, pool):
