@@ -15,8 +15,10 @@ reference as scripted:
 * otherwise ``SUCCESSFUL`` for the amount and currency given to ``succeed``
   (default: PENDING).
 
-Every request is logged with the monotonic time it arrived (``at``) and, for
-the throttled one, the time its 429 went out (``answered_at``).
+Every request is logged with the monotonic time it arrived (``at``) and the
+time its answer started going out (``answered_at``, taken before the first
+byte is written: no client can have the answer earlier, so a pause it caused
+starts no earlier).
 
 ``HangingRail``: accepts connections and never answers (a stopped rail).
 """
@@ -184,6 +186,7 @@ class MomoStub:
 
     def _send(self, h, entry: Logged, status: int, body, headers: dict | None = None) -> None:
         data = b"" if body is None else json.dumps(body).encode()
+        entry.answered_at = time.monotonic()
         try:
             h.send_response(status)
             for k, v in (headers or {}).items():
@@ -195,7 +198,7 @@ class MomoStub:
             h.wfile.flush()
         except OSError:
             pass
-        entry.status, entry.answered_at = status, time.monotonic()
+        entry.status = status
 
     def _trickle(self, h, entry: Logged, ref: str, body: dict) -> None:
         # Padding keeps the body long: at a byte a second it would take minutes.
