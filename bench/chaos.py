@@ -23,7 +23,8 @@ sizes ⇒ same digest). Payments are created through ``POST
 /v1/payment_intents`` at ``--rate`` per second while the faults strike.
 Then the faults stop (stopped workers continued, killed ones restarted),
 parked jobs are made due (the tests' time machine: ``run_at = now()``, so
-the ladder's minutes pass in seconds), and the run waits, up to
+the ladder's minutes pass in seconds), Daraja's STK callbacks are posted
+in a mixed-rail run (``daraja_callbacks``), and the run waits, up to
 ``--deadline`` seconds, for quiescence. The snapshot is checked by
 ``chaos_checks.run_all``; the report (counts, faults by type, violations
 with ids) is printed and written to ``--report``. Exit 0: no violation;
