@@ -139,7 +139,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
             # session URL would never deliver a wake-up (vpay/base/pooling.py).
             # Unset with prepared statements on, it is the URL just probed.
             if session_url or not prepared_statements():
-                pooling.refuse_pooled_session(session_url or url, explicit=bool(session_url))
+                pooling.refuse_pooled_session(session_url or url, explicit=bool(session_url),
+                                              needs=pooling.WORKER_SESSION_NEEDS)
         except BaseException:
             pool.close()
             raise
