@@ -215,9 +215,11 @@ def _lane_setting(ctx: click.Context, name: str, value: str | None, envvar: str)
 
 def _serve_metrics(port: int | None, bind: str):
     """Start the metrics server (``vpay.base.metrics.serve``) before the pool, so a
-    port that cannot be had refuses the boot (78) without touching the
-    database. Answers the database collector to attach the pool to, or
-    ``None`` when metrics are off."""
+    port that cannot be had (busy, or an address not on this host) ends the
+    boot without touching the database: ``Unavailable``, exit 69, like every
+    port that cannot be had (``sandbox-rail``, ``api``; vpay/cli/errors.py).
+    Answers the database collector to attach the pool to, or ``None`` when
+    metrics are off."""
     if port is None:
         return None
     from vpay.base import metrics
@@ -227,6 +229,6 @@ def _serve_metrics(port: int | None, bind: str):
     try:
         metrics.serve(port, bind, collector)
     except OSError as exc:
-        refuse(f"cannot serve metrics on {bind}:{port}: {exc.strerror or exc}")
+        raise Unavailable(f"cannot serve metrics on {bind}:{port}: {exc.strerror or exc}") from None
     log.info("metrics served", extra={"metrics_url": f"http://{bind}:{port}/metrics"})
     return collector
