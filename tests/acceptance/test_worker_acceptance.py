@@ -181,3 +181,29 @@ def test_a_blank_variable_boots_the_worker_and_lists_the_rails(db, db_url, spawn
     assert not any(r["configured"] for r in json.loads(res.stdout))
     worker.signal(signal.SIGTERM)
     assert worker.wait(60) == 0, worker.text()[-3000:]
+
+
+@pytest.mark.parametrize("wid", ["", "   ", "a\nb", "a\tb", "x" * 201], ids=["empty", "spaces", "newline", "tab",
+                                                                         "201-chars"])
+def test_a_worker_id_that_cannot_be_meant_is_refused_with_78_before_any_connection(wid):
+    # '' silently became <hostname>:<pid>; '   ' and 'a\nb' were taken as ids
+    counter = ConnCounter()
+    try:
+        res = subprocess.run([script("vpay-worker"), "--worker-id", wid],
+                             env=base_env(f"postgresql://nobody@127.0.0.1:{counter.port}/x?connect_timeout=1"),
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
+        [line] = res.stderr.splitlines()
+        assert line.startswith("vpay: configuration refused: --worker-id "), line
+        assert counter.accepted == 0
+    finally:
+        counter.close()
+
+
+def test_a_worker_id_at_its_bound_boots(db, db_url, spawn):
+    wid = "x" * 200  # MAX_WORKER_ID_CHARS
+    worker = spawn("vpay-worker", "--worker-id", wid, "--queues", "housekeeping", env=base_env(db_url))
+    assert worker.wait_for_log("worker started", timeout=60)["worker_id"] == wid
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert db.execute("SELECT id FROM workers").fetchall() == [(wid,)]

@@ -34,7 +34,9 @@ log = logging.getLogger("vpay.cli")
               help="A lease older than this is reaped (RecoveryPolicy.lease; seconds, or 5m).")
 @click.option("--idle-sleep", type=Duration(minimum=0.001, bare="s"), default="1s", show_default=True,
               help="How long a claim loop sleeps when nothing is due (seconds, or 1s, 0.5s).")
-@click.option("--worker-id", default=None, help="Lease owner name [default: <hostname>:<pid>].")
+@click.option("--worker-id", default=None,
+              help="Lease owner name: printable, no whitespace around it, at most 200 characters "
+                   "(MAX_WORKER_ID_CHARS) [default: <hostname>:<pid>].")
 @click.option("--queues", envvar="VPAY_WORKER_QUEUES", default=None, metavar="LANE,...",
               help="Lanes this worker claims from: mtn, orange, webhooks, housekeeping "
                    "[env VPAY_WORKER_QUEUES; default: all].")
@@ -83,6 +85,9 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
             or shutdown_grace_seconds < 0 or lease_seconds <= 0 or idle_sleep <= 0:
         refuse("--shutdown-grace-seconds must be >= 0, --lease-seconds and --idle-sleep > 0, "
                 "all finite numbers")
+    from vpay.engine.workers import worker_id_problem
+    if worker_id is not None and (problem := worker_id_problem(worker_id)):
+        refuse(problem)
     from vpay.engine import lanes
     try:
         served = lanes.parse_queues(*_lane_setting(ctx, "queues", queues, "VPAY_WORKER_QUEUES"))

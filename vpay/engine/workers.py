@@ -62,6 +62,11 @@ DEAD_WORKER_RETENTION_SECONDS = 7 * 86400.0
 a week, to look back at a crash over a weekend). The hourly sweep deletes
 older ones (``prune``), never one whose worker still holds a lease."""
 
+MAX_WORKER_ID_CHARS = 200
+"""The longest ``--worker-id`` accepted (characters): room for a host name
+(64 at most), an instance and a note, short enough to read in ``workers
+list``, a log line and ``jobs.locked_by``."""
+
 STATES = ("live", "dead", "stopped")
 """The ``state`` of a row of ``worker_states``."""
 
@@ -84,6 +89,25 @@ def dead_after_from_env(env: Mapping[str, str] | None = None) -> float:
         raise ConfigError(f"{name} must be a number of seconds from {MIN_DEAD_AFTER_SECONDS:g} to "
                           f"{MAX_DEAD_AFTER_SECONDS:g}, got {raw!r}")
     return value
+
+
+def worker_id_problem(worker_id: str) -> str | None:
+    """What is wrong with ``worker_id`` as a ``--worker-id`` (one line for the
+    refusal, exit 78), or ``None``. Refused: blank (``""`` would silently be
+    the default), whitespace alone or around it (two ids that look alike),
+    a character ``str.isprintable`` refuses (a control character such as a
+    newline would forge log and table lines; a format or separator
+    character hides), and more than ``MAX_WORKER_ID_CHARS`` characters."""
+    if not worker_id.strip():
+        return "--worker-id is blank: name the worker, or leave the flag out for <hostname>:<pid>"
+    if len(worker_id) > MAX_WORKER_ID_CHARS:
+        return f"--worker-id is {len(worker_id)} characters long; at most {MAX_WORKER_ID_CHARS}"
+    if not worker_id.isprintable():
+        return (f"--worker-id {worker_id!r} holds a control or invisible character; "
+                f"printable characters only")
+    if worker_id != worker_id.strip():
+        return f"--worker-id {worker_id!r} starts or ends with whitespace"
+    return None
 
 
 def beat_interval(dead_after: float) -> float:
