@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import click
 
+import vpay.money  # noqa: F401  (the domain registers its lanes before --lane's help reads them)
 from vpay.cli.common import ROW_ID, connect_db
 from vpay.cli.errors import Refused
 from vpay.cli.output import echo_rows, json_option
+from vpay.engine import lanes as _lanes
 
 COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", "run_at",
            "locked_by", "holder_state", "heartbeat_age", "lease_expires_at", "last_error")
@@ -62,7 +64,7 @@ def jobs() -> None:
                    "its heartbeat, stopped or restarted (vpay-server workers list).")
 @click.option("--kind", default=None, callback=_known_kind, help="Only this job kind (poll, deliver, ...).")
 @click.option("--lane", default=None, callback=_known_lane,
-              help="Only this lane (mtn, orange, webhooks, housekeeping).")
+              help=f"Only this lane ({', '.join(_lanes.LANES)}).")
 @json_option
 def list_(dead: bool, stranded: bool, kind: str | None, lane: str | None, as_json: bool) -> None:
     """Jobs, oldest run_at first (at most 1000)."""

@@ -16,6 +16,7 @@ import click
 
 from vpay import __version__
 import vpay.money  # noqa: F401  (its lanes: --queues and the split read them)
+from vpay.engine import lanes as _lanes  # the registry: --queues names what it holds
 from vpay.base import logs
 from vpay.cli.common import Duration, log_level, log_level_option, open_database, refuse
 from vpay.cli.errors import Unavailable, _unavailable_line
@@ -38,7 +39,7 @@ log = logging.getLogger("vpay.cli")
               help="Lease owner name: printable, no whitespace around it, at most 200 characters "
                    "(MAX_WORKER_ID_CHARS) [default: <hostname>:<pid>].")
 @click.option("--queues", envvar="VPAY_WORKER_QUEUES", default=None, metavar="LANE,...",
-              help="Lanes this worker claims from: mtn, orange, webhooks, housekeeping "
+              help=f"Lanes this worker claims from: {', '.join(_lanes.LANES)} "
                    "[env VPAY_WORKER_QUEUES; default: all].")
 @click.option("--lane-concurrency", envvar="VPAY_WORKER_LANE_CONCURRENCY", default=None,
               metavar="LANE=N,...",
