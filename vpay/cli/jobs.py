@@ -67,8 +67,13 @@ def jobs() -> None:
               help=f"Only this lane ({', '.join(_lanes.LANES)}).")
 @json_option
 def list_(dead: bool, stranded: bool, kind: str | None, lane: str | None, as_json: bool) -> None:
-    """Jobs, oldest run_at first (at most 1000)."""
+    """Jobs, oldest run_at first (at most 1000). --dead and --stranded
+    exclude each other (a dead letter holds no lease): both is a usage error,
+    not an empty list."""
     from vpay.money.operator import list_jobs
+    if dead and stranded:
+        raise click.UsageError("--dead and --stranded exclude each other (a dead letter holds no lease); "
+                               "give one")
     with connect_db() as conn:
         rows = list_jobs(conn, dead=dead, stranded=stranded, kind=kind, lane=lane)
     echo_rows(rows, COLUMNS, as_json)
@@ -78,9 +83,19 @@ def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[
     from vpay.money.operator import list_jobs
     if bool(ids) == every:
         raise click.UsageError(f"give job ids or {flag}, not both and not neither")
+    _narrow_only(every, flag, kind=filters.get("kind"), lane=filters.get("lane"))
     if every:
         return [r["id"] for r in list_jobs(conn, **filters)]
     return list(ids)
+
+
+def _narrow_only(every: bool, flag: str, **filters: str | None) -> None:
+    """Filters (``--kind``, ``--lane``) narrow ``flag`` (``--all-dead``); with
+    job ids they would be ignored without a word: a usage error (2)."""
+    given = [f"--{name}" for name, value in filters.items() if value is not None]
+    if given and not every:
+        raise click.UsageError(f"{' and '.join(given)} narrow{'s' if len(given) == 1 else ''} {flag}; "
+                               f"with job ids {'it' if len(given) == 1 else 'they'} would be ignored")
 
 
 @jobs.command("retry")
