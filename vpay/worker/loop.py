@@ -186,7 +186,8 @@ class Worker:
         self.gauge_line = GaugeLine(pool, self.gauge, self.loops, config.worker_id, self.notifier,
                                     lambda: self.ctx.rail_pauses(), self.jobs_vacuum,
                                     lambda: self.listener.snapshot() if self.listener else None)
-        self.presence = Presence(pool, config.worker_id, config.queues, config.dead_after, __version__)
+        self.presence = Presence(pool, config.worker_id, config.queues, config.dead_after, __version__,
+                                 on_taken_over=lambda: signals.request("taken_over"))
         self.heartbeat = maintenance.Heartbeat(self.leases, self.presence, config.lease, self._halt)
         self.reaper = maintenance.Reaper(pool, config.worker_id, self.gauge, config.lease, self._halt,
                                          self.presence)
@@ -357,10 +358,14 @@ class Worker:
     def run(self) -> Drain:
         """Register this worker's row, reap at boot, run the claim loops and
         helper threads until a signal, drain, and mark the row stopped.
-        Answers the ``Drain``."""
+        Answers the ``Drain``: never ``CLEAN`` when the id was taken over by
+        another process (the heartbeat found the row naming it: the drain
+        began then, and the row, now the other's, is left as it is)."""
         self.presence.register()  # before the boot reap: leases of an earlier process under our id
         drain = self._run_until_drained()
-        self.presence.stop()
+        self.presence.stop()  # nothing when taken over
+        if self.presence.taken_over and drain is Drain.CLEAN:
+            return Drain.TIMED_OUT
         return drain
 
     def _run_until_drained(self) -> Drain:
