@@ -1,8 +1,9 @@
 """``vpay-server worker`` / ``vpay-worker``: the reconciler worker.
 
-Exit codes: 0 clean drain, 1 drain not clean (timed out, or jobs whose outcome
-could not be written were still leased), 2 usage error, 78 configuration
-refused, 69 database unreachable at boot, 70 a claim loop crashed.
+Exit codes: 0 clean drain, 1 drain not clean (timed out, jobs whose outcome
+could not be written were still leased, or the worker id taken over by
+another process), 2 usage error, 78 configuration refused, 69 database
+unreachable or metrics port unavailable at boot, 70 a claim loop crashed.
 """
 
 from __future__ import annotations
@@ -61,11 +62,13 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
     Its --worker-concurrency claim loops are split among the lanes it serves
     (--queues), each lane with loops of its own; see vpay/lanes.py.
 
-    Exit codes: 0 clean drain, 1 drain not clean (timed out, or jobs whose
-    outcome could not be written were still leased; leases released), 2 usage
-    error, 78 configuration refused, 69 database unreachable at boot, 70 a
-    claim loop crashed (a bug; "anything else is a crash", and systemd
-    restarts the worker)."""
+    Exit codes: 0 clean drain, 1 drain not clean (the grace ran out, jobs
+    whose outcome could not be written were still leased, or the worker id
+    was taken over by another process; the leases still held were handed
+    back if the database answered, else they stay until reaped), 2 usage
+    error, 78 configuration refused, 69 database unreachable or metrics port
+    unavailable at boot, 70 a claim loop crashed (a bug; "anything else is a
+    crash", and systemd restarts the worker)."""
     # vpay-worker: its own --log-level or VPAY_LOG_LEVEL; vpay-server worker:
     # the group's level unless this command's flag names one.
     logs.setup(log_level(level) if level or ctx.parent is None else None, stream=sys.stdout)
