@@ -22,7 +22,7 @@ def sql_root():
     try:
         return resources.files("vpay.sql")
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "sql"
+        return Path(__file__).resolve().parents[2] / "sql"  # vpay/base/queries.py → the checkout
 
 
 def _load() -> dict[str, str]:
