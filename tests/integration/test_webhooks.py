@@ -371,6 +371,40 @@ def test_a_fanout_job_left_by_an_older_release_creates_nothing_new_after_deliver
     assert db.execute("SELECT count(*) FROM webhook_deliveries").fetchone() == (1,)
 
 
+def test_a_delivery_costs_two_statements_around_its_post(db, db_url, receiver, dev_flag):
+    # Counted at the wire (bench/pgcount.py): webhook_attempt_start (the event,
+    # the endpoint, its back-off gate) and webhook_attempt_end (the outcome and
+    # the endpoint's back-off cleared). Before issue 30: four (context, gate,
+    # the endpoint answered, the outcome).
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from pgcount import CountingProxy
+    from vpay.base import db as vdb
+    ep = endpoint(db, "m1", receiver.url("/a"))
+    settle(db, make_payment(db, "m1"))
+    db.execute("UPDATE webhook_endpoints SET timeouts_in_row = 2, backoff_until = now() - interval '1 second'")
+    job = queue.claim(db, "t1")
+    assert job.kind == "deliver"
+    proxy = CountingProxy(db_url).start()
+    pool = vdb.make_pool(proxy.url, max_size=2)
+    try:
+        with pool.connection():
+            pass
+        before, checks = proxy.total(), proxy.by_statement()[""]
+        outcome = handlers.handle(job, handlers.Context(pool=pool, worker_id="t1"))
+        trips = proxy.total() - before - (proxy.by_statement()[""] - checks)
+    finally:
+        pool.close()
+        proxy.stop()
+    assert type(outcome).__name__ == "Done" and len(receiver.posts("/a")) == 1
+    assert trips == 2, proxy.by_statement().most_common(6)
+    # the probe went through and its answer cleared the back-off
+    assert db.execute("SELECT timeouts_in_row, backoff_until FROM webhook_endpoints WHERE id = %s",
+                      (ep["id"],)).fetchone() == (0, None)
+    assert db.execute("SELECT status, attempts FROM webhook_deliveries WHERE event_id = %s",
+                      (job.payload["event_id"],)).fetchone() == ("delivered", 1)
+
+
 def test_a_disabled_endpoints_pending_delivery_ends_unsent(db, pool, receiver, dev_flag, caplog):
     ep = endpoint(db, "m1", receiver.url("/a"))
     settle(db, make_payment(db, "m1"))
