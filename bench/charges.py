@@ -61,6 +61,7 @@ sys.path.insert(0, str(HERE))
 from peers import LOGS, backends_cpu, embedded_server, load, proc_cpu, stop, vpay_db  # noqa: E402
 from pgcount import CountingProxy  # noqa: E402
 from release_path import ENV as RELEASE_ENV, install as use_release  # noqa: E402
+from worker_cpu import user_system  # noqa: E402
 
 
 class _Ok(BaseHTTPRequestHandler):
@@ -144,12 +145,14 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
                     if conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                                     "AND pid <> pg_backend_pid()").fetchone()[0]:
                         cpu0, pg0, rt0 = proc_cpu(proc.pid), backends_cpu(conn), proxy.total()
+                        us0 = user_system(proc.pid)
                 if left == 0 and jobs == 0:
                     break
                 if time.monotonic() > deadline:
                     raise SystemExit(f"charges did not settle: {left} pending, {jobs} jobs; logs {LOGS}")
                 time.sleep(0.2)
             cpu1, pg1, rt1 = proc_cpu(proc.pid), backends_cpu(conn), proxy.total()
+            us1 = user_system(proc.pid)
             statements = proxy.by_statement()
         finally:
             stop(proc)
@@ -177,6 +180,9 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
         "round_trips_per_charge": per(rt1 - rt0),
         "round_trips_by_statement": dict(statements.most_common(25)),
         "worker_cpu_ms_per_charge": per(1000 * (cpu1 - cpu0)) if cpu0 is not None else None,
+        # where the worker's CPU goes: its own code (user) or the kernel's work for it (system)
+        "worker_user_ms_per_charge": per(1000 * (us1[0] - us0[0])) if cpu0 is not None else None,
+        "worker_system_ms_per_charge": per(1000 * (us1[1] - us0[1])) if cpu0 is not None else None,
         "postgres_cpu_ms_per_charge": per(1000 * (pg1 - pg0)) if pg0 is not None and pg1 is not None else None,
         "rail_latency_s": latency, "mtn_loops": loops,
         # Little's law check (docs/capacity.md): with every poll due at once,
@@ -192,7 +198,8 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
 # ---- two releases in one run ---------------------------------------------------
 
 FIGURES = ("jobs_per_charge", "rail_requests_per_charge", "round_trips_per_charge",
-           "worker_cpu_ms_per_charge", "postgres_cpu_ms_per_charge", "settle_span_s")
+           "worker_cpu_ms_per_charge", "worker_user_ms_per_charge", "worker_system_ms_per_charge",
+           "postgres_cpu_ms_per_charge", "settle_span_s")
 """The per-charge figures a run with ``--against`` takes the median of and
 compares (this / the older release)."""
 

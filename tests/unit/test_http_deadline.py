@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 from support import wait_until
 from vpay.base import http_deadline
@@ -17,10 +18,14 @@ def _watchdogs() -> list[threading.Thread]:
 
 
 def test_many_deadlines_share_one_thread_and_the_heap_forgets_those_left():
+    with Deadline(60.0):
+        pass
+    before = threading.active_count()
     for _ in range(2000):
         with Deadline(60.0):
             pass
-    assert len(_watchdogs()) == 1
+    assert threading.active_count() == before  # no thread per deadline
+    assert http_deadline._watchdog._thread in _watchdogs()
     # left before their time: skipped, and dropped once they are most of the heap
     assert len(http_deadline._watchdog._heap) <= 128
 
@@ -67,3 +72,25 @@ def test_a_socket_attached_after_the_block_was_left_is_not_kept():
     finally:
         a.close()
         b.close()
+
+
+def test_a_busy_process_wakes_the_watchdog_about_once_a_tick_not_once_a_call():
+    # Deadlines entered while the thread already plans to look sooner than
+    # they are due do not wake it.
+    dog = http_deadline._Watchdog()
+    wakes = []
+    original = dog._cond.notify
+    dog._cond.notify = lambda n=1: (wakes.append(1), original(n))[1]
+    first = Deadline(60.0)
+    dog.watch(first, time.monotonic() + 60.0)  # idle thread: woken (it looks at most a tick ahead)
+    wait_until(lambda: dog._next_look < float("inf"), timeout=10, what="the watchdog's next look")
+    for _ in range(500):
+        d = Deadline(60.0)
+        dog.watch(d, time.monotonic() + 60.0)
+        d.done = True
+        dog.left()
+    assert len(wakes) == 1
+    soon = Deadline(0.01)
+    dog.watch(soon, time.monotonic() + 0.01)  # due before its next look: woken
+    assert len(wakes) == 2
+    wait_until(lambda: soon.expired, timeout=10, what="the soon deadline")

@@ -52,18 +52,24 @@ _current = threading.local()
 class _Watchdog:
     """The one thread of a process that expires every ``Deadline`` in force,
     each when its time comes: a heap ordered by time, a condition the
-    thread waits on until the earliest. A deadline left (``__exit__``)
-    before its time stays in the heap, marked done, and is skipped when it
-    comes up; the heap is rebuilt without such entries once they are over
-    half of it, so it holds at most about twice the deadlines in force. The
-    thread starts with the first deadline (and again in a forked child,
+    thread waits on. A deadline left (``__exit__``) before its time stays in
+    the heap, marked done, and is dropped when the thread next looks; the
+    heap is rebuilt without such entries once they are over half of it, so
+    it holds at most about twice the deadlines in force. The thread looks at
+    least every ``TICK_SECONDS`` while deadlines are in force, and is woken
+    early only for one due sooner than its next look (or the first after an
+    idle spell): a busy process pays about one wake-up a second, not one per
+    call. It starts with the first deadline (and again in a forked child,
     which has none)."""
+
+    TICK_SECONDS = 1.0
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._heap: list[tuple[float, int, Deadline]] = []
         self._seq = itertools.count()
         self._done = 0  # entries in the heap whose deadline was left
+        self._next_look = float("inf")  # when the thread wakes next on its own
         self._thread: threading.Thread | None = None
 
     def watch(self, deadline: "Deadline", at: float) -> None:
@@ -74,8 +80,8 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._run, name="http-deadline", daemon=True)
                 self._thread.start()
             heapq.heappush(self._heap, (at, next(self._seq), deadline))
-            if self._heap[0][2] is deadline:
-                self._cond.notify()  # sooner than the one the thread waits for
+            if at < self._next_look:
+                self._cond.notify()  # due before the thread would look again
 
     def left(self) -> None:
         """A deadline in the heap was left before its time."""
@@ -92,13 +98,15 @@ class _Watchdog:
                 while self._heap and self._heap[0][2].done:
                     heapq.heappop(self._heap)
                     self._done = max(0, self._done - 1)
+                now = time.monotonic()
                 if not self._heap:
+                    self._next_look = float("inf")
                     self._cond.wait()
                     continue
-                wait = self._heap[0][0] - time.monotonic()
-                if wait <= 0:
+                if self._heap[0][0] <= now:
                     return heapq.heappop(self._heap)[2]
-                self._cond.wait(wait)
+                self._next_look = min(self._heap[0][0], now + self.TICK_SECONDS)
+                self._cond.wait(self._next_look - now)
 
     def _run(self) -> None:
         while True:
