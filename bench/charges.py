@@ -2,30 +2,50 @@
 (docs/capacity.md is computed from these figures). Never a test.
 
     python bench/charges.py [--charges 300] [--json out.json]
-    VPAY_DATABASE_URL=... python bench/charges.py
+    python bench/charges.py --against <git ref> [--rounds 3] [--json out.json]
+    VPAY_DATABASE_URL=... python bench/charges.py ...
 
 N MTN charges on the sandbox rail (vpay/sandbox/mtn/, a real HTTP server on
 127.0.0.1, every payer approving within 0.2 s), created and submitted the
 way the API does (``payments.create_and_submit``), then one ``vpay-worker``
 at its default flags runs until every charge has settled and every job but
-the hourly two is gone. Twice: merchant WITH an enabled webhook endpoint (a
-receiver on 127.0.0.1 answering 200) and WITHOUT one. The first poll is due
-10 s after the charge (the ladder's first rung), so each charge settles on
-its first status read.
+the recurring housekeeping ones (``scan``, ``sweep``, ``sample``) is gone.
+Twice: merchant WITH an enabled webhook endpoint (a receiver on 127.0.0.1
+answering 200) and WITHOUT one. The first poll is due 10 s after the charge
+(the ladder's first rung), so each charge settles on its first status read.
 
 Per settled charge: jobs run (by kind; counted by a bench trigger at each
 claim), rail requests (by operation, from the sandbox's log; the
 request-to-pay at creation included), round trips to Postgres (the worker's,
-through bench/pgcount.py), the worker's CPU and its Postgres backends' CPU
-(from ``/proc``, this host only), with the machine's load.
+through bench/pgcount.py, also by statement), the worker's CPU and its
+Postgres backends' CPU (from ``/proc``, this host only), with the machine's
+load.
+
+``--against REF`` holds this checkout against an older release in one run:
+REF is checked out as a git worktree in a temporary directory, and each
+measurement runs in a process of its own whose ``vpay`` is that release's
+source tree (this one's, or REF's: its directory first on ``PYTHONPATH``,
+the interpreter started with ``-S`` so that the installed, editable ``vpay``
+of this checkout is not seen; the libraries come from this interpreter's
+site-packages). The bench's own code (this file, pgcount, peers) is this
+checkout's for both. Each round runs both releases, each with then without
+an endpoint, the order of the releases rotated round by round (round r
+starts with release r); every figure is the median of the rounds (default
+3), and the ratio this / REF is printed for each.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import shutil
+import site
+import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -35,10 +55,13 @@ from pathlib import Path
 import psycopg
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from peers import LOGS, backends_cpu, embedded_server, load, proc_cpu, stop, vpay_db  # noqa: E402
 from pgcount import CountingProxy  # noqa: E402
+from release_path import ENV as RELEASE_ENV, install as use_release  # noqa: E402
+from worker_cpu import user_system  # noqa: E402
 
 
 class _Ok(BaseHTTPRequestHandler):
@@ -55,6 +78,18 @@ def _rail_env(rail) -> dict[str, str]:
     return {"VPAY_MTN_BASE_URL": rail.url, "VPAY_MTN_SUBSCRIPTION_KEY": rail.subscription_key,
             "VPAY_MTN_API_USER": rail.api_user, "VPAY_MTN_API_KEY": rail.api_key,
             "VPAY_MTN_TARGET_ENVIRONMENT": rail.target_environment}
+
+
+def worker_command() -> list[str]:
+    """How to start ``vpay-worker`` of the release under measurement: the
+    installed console script, or inside a release's process (``-S``; its
+    tree from ``release_path``) the same entry point by hand."""
+    if os.environ.get(RELEASE_ENV):
+        boot = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import release_path; "
+                "release_path.install(); sys.argv[0] = 'vpay-worker'; "
+                "from vpay.cli import worker_main; worker_main()")
+        return [sys.executable, "-S", "-c", boot]
+    return [str(Path(sys.executable).with_name("vpay-worker"))]
 
 
 def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
@@ -97,27 +132,28 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
         # INFO, the production level: the log lines' cost is part of the figure
         env = {**os.environ, "VPAY_DATABASE_URL": proxy.url, "VPAY_LOG_LEVEL": "INFO",
                "VPAY_WEBHOOKS_ALLOW_PRIVATE": "1", **_rail_env(rail)}
-        import subprocess
         log = open(LOGS / f"charges-{time.monotonic_ns()}.log", "wb")
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("vpay-worker"))], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(worker_command(), env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             cpu0, pg0, rt0 = None, None, None
             deadline = time.monotonic() + 600
             while True:
                 left = conn.execute("SELECT count(*) FROM charges WHERE status = 'pending'").fetchone()[0]
-                jobs = conn.execute("SELECT count(*) FROM jobs WHERE kind NOT IN ('scan', 'sweep')").fetchone()[0]
+                jobs = conn.execute("SELECT count(*) FROM jobs WHERE kind NOT IN ('scan', 'sweep', 'sample')").fetchone()[0]
                 if cpu0 is None:
                     # the worker is up once its pool is connected: count from here
                     if conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                                     "AND pid <> pg_backend_pid()").fetchone()[0]:
                         cpu0, pg0, rt0 = proc_cpu(proc.pid), backends_cpu(conn), proxy.total()
+                        us0 = user_system(proc.pid)
                 if left == 0 and jobs == 0:
                     break
                 if time.monotonic() > deadline:
                     raise SystemExit(f"charges did not settle: {left} pending, {jobs} jobs; logs {LOGS}")
                 time.sleep(0.2)
             cpu1, pg1, rt1 = proc_cpu(proc.pid), backends_cpu(conn), proxy.total()
+            us1 = user_system(proc.pid)
+            statements = proxy.by_statement()
         finally:
             stop(proc)
             proxy.stop()
@@ -142,7 +178,11 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
         "rail_requests_at_create_per_charge": per(created_requests),
         "rail_requests_by_kind": dict(requests),
         "round_trips_per_charge": per(rt1 - rt0),
+        "round_trips_by_statement": dict(statements.most_common(25)),
         "worker_cpu_ms_per_charge": per(1000 * (cpu1 - cpu0)) if cpu0 is not None else None,
+        # where the worker's CPU goes: its own code (user) or the kernel's work for it (system)
+        "worker_user_ms_per_charge": per(1000 * (us1[0] - us0[0])) if cpu0 is not None else None,
+        "worker_system_ms_per_charge": per(1000 * (us1[1] - us0[1])) if cpu0 is not None else None,
         "postgres_cpu_ms_per_charge": per(1000 * (pg1 - pg0)) if pg0 is not None and pg1 is not None else None,
         "rail_latency_s": latency, "mtn_loops": loops,
         # Little's law check (docs/capacity.md): with every poll due at once,
@@ -153,20 +193,145 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
     }
 
 
+
+
+# ---- two releases in one run ---------------------------------------------------
+
+FIGURES = ("jobs_per_charge", "rail_requests_per_charge", "round_trips_per_charge",
+           "worker_cpu_ms_per_charge", "worker_user_ms_per_charge", "worker_system_ms_per_charge",
+           "postgres_cpu_ms_per_charge", "settle_span_s")
+"""The per-charge figures a run with ``--against`` takes the median of and
+compares (this / the older release)."""
+
+
+def _site_path() -> str:
+    """This interpreter's site-packages, for a release's ``-S`` process."""
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    return os.pathsep.join(dirs)
+
+
+def measure(root: Path, server: str, n: int, with_endpoint: bool, latency: float) -> dict:
+    """One ``run`` in a process of its own, with ``vpay`` from ``root``."""
+    env = {**os.environ, RELEASE_ENV: str(root), "VPAY_DATABASE_URL": server, "PYTHONPATH": _site_path()}
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
+        path = Path(out.name)
+    try:
+        cmd = [sys.executable, "-S", str(Path(__file__).resolve()), "--one", "--charges", str(n),
+               "--rail-latency", str(latency), "--json", str(path),
+               "--endpoint" if with_endpoint else "--no-endpoint"]
+        subprocess.run(cmd, env=env, check=True, cwd=str(root))
+        return json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def checkout(ref: str, into: Path) -> tuple[Path, str]:
+    """``ref`` as a detached git worktree under ``into``: its path and commit."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    path = into / f"release-{commit[:12]}"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit],
+                   check=True, capture_output=True)
+    return path, commit
+
+
+def compare(rows: dict[str, dict[bool, list[dict]]], names: list[str]) -> dict:
+    """Medians per release, endpoint or not, and figure; ratios of the first
+    release (this checkout) over the second."""
+    med = {name: {we: {f: _median([r.get(f) for r in rows[name][we]]) for f in FIGURES}
+                  for we in (True, False)} for name in names}
+    out = {"medians": {name: {("with_endpoint" if we else "without_endpoint"): v for we, v in m.items()}
+                       for name, m in med.items()}}
+    if len(names) == 2:
+        this, other = names
+        out["ratios"] = {("with_endpoint" if we else "without_endpoint"): {
+            f: (round(med[this][we][f] / med[other][we][f], 3)
+                if med[this][we][f] is not None and med[other][we][f] else None)
+            for f in FIGURES} for we in (True, False)}
+    return out
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def print_table(summary: dict, names: list[str]) -> None:
+    for key, title in (("with_endpoint", "merchant WITH an enabled endpoint"),
+                       ("without_endpoint", "merchant WITHOUT an endpoint")):
+        print(f"\nper settled charge, {title} (medians)")
+        head = f"{'figure':30}" + "".join(f"{n:>16}" for n in names)
+        if "ratios" in summary:
+            head += f"{'ratio':>10}"
+        print(head)
+        for f in FIGURES:
+            line = f"{f:30}" + "".join(f"{_fmt(summary['medians'][n][key][f]):>16}" for n in names)
+            if "ratios" in summary:
+                line += f"{_fmt(summary['ratios'][key][f]):>10}"
+            print(line)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--charges", type=int, default=300)
     ap.add_argument("--rail-latency", type=float, default=0.0,
                     help="seconds each status read takes at the sandbox (capacity check)")
+    ap.add_argument("--against", default=None, metavar="REF",
+                    help="an older release (git ref) measured in the same run, rotated, for ratios")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds (default 3 with --against, else 1); figures are their medians")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # one measurement (internal)
+    ap.add_argument("--endpoint", dest="endpoint", action="store_true", default=True, help=argparse.SUPPRESS)
+    ap.add_argument("--no-endpoint", dest="endpoint", action="store_false", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one:
+        use_release()
+        row = run(os.environ["VPAY_DATABASE_URL"], args.charges, args.endpoint, args.rail_latency)
+        import vpay
+        row["vpay_loaded_from"] = str(Path(vpay.__file__).parent)  # proof of which release ran
+        Path(args.json).write_text(json.dumps(row, indent=1))
+        return
     server = os.environ.get("VPAY_DATABASE_URL", "").strip() or embedded_server()
-    out = [run(server, args.charges, True, args.rail_latency),
-           run(server, args.charges, False, args.rail_latency)]
-    for row in out:
-        print(json.dumps(row, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    # Webhook secrets are sealed under VPAY_SECRET_KEYS (docs/security.md): a
+    # Fernet key (32 random bytes, URL-safe base64) when none is given.
+    os.environ.setdefault("VPAY_SECRET_KEYS", base64.urlsafe_b64encode(os.urandom(32)).decode("ascii"))
+    rounds = args.rounds or (3 if args.against else 1)
+    tmp = Path(tempfile.mkdtemp(prefix="vpay-charges-"))
+    releases: list[tuple[str, Path, str]] = [
+        ("this", ROOT, subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                                      text=True).stdout.strip() or "?")]
+    try:
+        if args.against:
+            path, commit = checkout(args.against, tmp)
+            releases.append((args.against, path, commit))
+        names = [r[0] for r in releases]
+        rows: dict[str, dict[bool, list[dict]]] = {n: {True: [], False: []} for n in names}
+        for r in range(rounds):
+            order = releases[r % len(releases):] + releases[:r % len(releases)]
+            for name, root, _ in order:
+                for with_endpoint in (True, False):
+                    row = measure(root, server, args.charges, with_endpoint, args.rail_latency)
+                    row |= {"release": name, "round": r}
+                    rows[name][with_endpoint].append(row)
+                    print(json.dumps({k: row[k] for k in ("release", "round", "with_endpoint", *FIGURES,
+                                                          "load")}), flush=True)
+        summary = compare(rows, names)
+        summary["releases"] = {name: commit for name, _, commit in releases}
+        summary["rounds"] = rounds
+        summary["charges"] = args.charges
+        print_table(summary, names)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"summary": summary, "runs": rows}, indent=2, default=str))
+    finally:
+        if args.against and len(releases) > 1:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(releases[1][1])],
+                           capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

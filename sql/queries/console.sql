@@ -101,6 +101,23 @@ VALUES (%(rail)s, %(operation)s, %(reference)s, %(charge_id)s, %(refund_id)s, %(
         %(answer)s, left(%(reason)s, 500), %(latency_ms)s,
         now() + make_interval(secs => %(paused_seconds)s::float8));
 
+-- name: rail_calls_insert_batch
+-- Many rail calls in one statement (the worker's BatchedRecorder,
+-- vpay/rails/calls.py; issue 30): %(calls)s is a JSON array of rail_call_insert's
+-- fields plus age, the seconds since the call ended, so that created_at (and
+-- paused_until) are the database's clock at the call, as rail_call_insert's
+-- now() would have been, not at the batch's write.
+INSERT INTO rail_calls (rail, operation, reference, charge_id, refund_id, http_status, answer, reason,
+                        latency_ms, paused_until, created_at)
+SELECT c.rail, c.operation, c.reference, c.charge_id, c.refund_id, c.http_status, c.answer,
+       left(c.reason, 500), c.latency_ms,
+       now() - make_interval(secs => c.age) + make_interval(secs => c.paused_seconds),
+       now() - make_interval(secs => c.age)
+  FROM jsonb_to_recordset(%(calls)s) AS c(rail text, operation text, reference text, charge_id text,
+                                          refund_id text, http_status integer, answer text,
+                                          reason text, latency_ms integer, paused_seconds float8,
+                                          age float8);
+
 -- name: rail_callback_insert
 INSERT INTO rail_callbacks (rail, reference, charge_id, action)
 VALUES (%(rail)s, left(%(reference)s, 200), %(charge_id)s, %(action)s);

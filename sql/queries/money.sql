@@ -19,14 +19,17 @@ VALUES (%(id)s, %(payment_intent_id)s, %(rail)s, %(rail_reference)s, %(payer)s, 
 RETURNING *;
 
 -- name: insert_event
--- The event and, in the same statement, its fanout:<event_id> job (lane
--- webhooks, vpay/engine/lanes.py), but only when the intent's merchant has an
--- enabled webhook endpoint at this moment: an event nobody can receive gets
--- no job (docs/webhooks.md, "Who gets an event"; issue #15). An endpoint
--- added later receives the events written after it, as before.
+-- The event and, in the same statement, one delivery per enabled endpoint of
+-- its intent's merchant that receives its type (enabled_events: '*', the
+-- default, or the types listed): a webhook_deliveries row and its
+-- deliver:<event_id>:<endpoint_id> job (lane webhooks, vpay/engine/lanes.py;
+-- fair_key the merchant). The deliveries are born with the event, in its
+-- transaction (docs/webhooks.md, "Who gets an event"; issue 30: no fan-out
+-- job between them). An endpoint enabled later receives the events written
+-- after it. The same targets as charge_settle's: keep the two alike.
 -- The id is the transition's (vpay.money.ids.event_id): an id that exists
 -- already is the same transition written before, so nothing is written and
--- nothing answered (no second fan-out); the caller reads the row that
+-- nothing answered (no second delivery); the caller reads the row that
 -- exists (existing_event). The compare-and-swap of every transition makes
 -- this impossible on one timeline of the database (charges.emit_event).
 WITH event AS (
@@ -34,14 +37,22 @@ WITH event AS (
     VALUES (%(id)s, %(type)s, %(payment_intent_id)s, %(data)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id, type, payment_intent_id, data, created_at
-), fanout AS (
-    INSERT INTO jobs (kind, lane, dedupe_key, payload)
-    SELECT 'fanout', 'webhooks', 'fanout:' || event.id, jsonb_build_object('event_id', event.id)
+), targets AS (
+    SELECT event.id AS event_id, w.id AS endpoint_id, w.merchant_id
       FROM event
-     WHERE EXISTS (SELECT 1
-                     FROM payment_intents i
-                     JOIN webhook_endpoints w ON w.merchant_id = i.merchant_id AND w.enabled
-                    WHERE i.id = event.payment_intent_id)
+      JOIN payment_intents i ON i.id = event.payment_intent_id
+      JOIN webhook_endpoints w ON w.merchant_id = i.merchant_id AND w.enabled
+     WHERE '*' = ANY (w.enabled_events) OR event.type = ANY (w.enabled_events)
+), recorded AS (
+    INSERT INTO webhook_deliveries (event_id, endpoint_id)
+    SELECT event_id, endpoint_id FROM targets
+    ON CONFLICT (event_id, endpoint_id) DO NOTHING
+    RETURNING event_id, endpoint_id
+), delivering AS (
+    INSERT INTO jobs (kind, lane, dedupe_key, payload, fair_key)
+    SELECT 'deliver', 'webhooks', 'deliver:' || r.event_id || ':' || r.endpoint_id,
+           jsonb_build_object('event_id', r.event_id, 'endpoint_id', r.endpoint_id), t.merchant_id
+      FROM recorded r JOIN targets t USING (event_id, endpoint_id)
     ON CONFLICT (dedupe_key) DO NOTHING
 )
 SELECT id, type, payment_intent_id, data, created_at FROM event;
@@ -58,11 +69,92 @@ SELECT c.*,
   FROM charges c JOIN payment_intents i ON i.id = c.payment_intent_id
  WHERE c.id = %(id)s;
 
--- name: settle_intent
-UPDATE payment_intents
-   SET status = %(status)s, next_action = NULL, updated_at = now()
- WHERE id = %(id)s AND status IN ('requires_confirmation', 'processing')
-RETURNING *;
+-- name: charge_settle
+-- A charge's settle in ONE statement (issue 30; vpay.money.charges, CHARGES's
+-- settle_in_one): the compare-and-swap on the charge (only a live one ends;
+-- %(polled)s: a status read said so, and the read is stamped as
+-- pollable_record_poll would), its intent following (unless it moved on its
+-- own, e.g. canceled: kept, the merchant is still told), the one event of the
+-- transition under its id (ON CONFLICT (id) DO NOTHING: the same transition
+-- written before, e.g. on another timeline: no second event, no second
+-- delivery) with data as intent_view / charge_view write it (iso_8601,
+-- sql/0027), and its deliveries with their deliver jobs, as insert_event's.
+-- No row when the CAS matched nothing: the caller reads what is there
+-- (pollable_current). A row whose event id is taken by another type or
+-- intent (only a hash collision could) fails the whole statement:
+-- vpay_refuse, SQLSTATE VP001. Keep it under 4096 bytes as sent
+-- (vpay.base.queries.sent_text): longer, psycopg would neither cache nor
+-- prepare it.
+WITH charge AS (
+    UPDATE charges
+       SET status = %(status)s, failure_code = %(failure_code)s,
+           rail_transaction_id = %(rail_transaction_id)s, settled_at = now(),
+           last_polled_at = CASE WHEN %(polled)s THEN now() ELSE last_polled_at END,
+           submitted_at = CASE WHEN %(polled)s THEN coalesce(submitted_at, now()) ELSE submitted_at END
+     WHERE id = %(id)s AND status IN ('pending', 'unresolved')
+    RETURNING *
+), moved AS (
+    UPDATE payment_intents i
+       SET status = %(intent_status)s, next_action = NULL, updated_at = now()
+      FROM charge
+     WHERE i.id = charge.payment_intent_id AND i.status IN ('requires_confirmation', 'processing')
+    RETURNING i.*
+), intent AS (
+    SELECT * FROM moved
+    UNION ALL
+    SELECT i.* FROM payment_intents i JOIN charge ON i.id = charge.payment_intent_id
+     WHERE NOT EXISTS (SELECT 1 FROM moved)
+), event AS (
+    INSERT INTO events (id, type, payment_intent_id, data)
+    SELECT %(event_id)s, %(event_type)s, i.id, jsonb_build_object(
+        'object', jsonb_build_object(
+            'id', i.id, 'object', 'payment_intent', 'amount', i.amount, 'currency', i.currency,
+            'status', i.status, 'next_action', i.next_action, 'description', i.description,
+            'merchant', i.merchant_id, 'created', iso_8601(i.created_at),
+            'updated', iso_8601(i.updated_at)),
+        'charge', jsonb_build_object(
+            'id', c.id, 'payment_intent_id', c.payment_intent_id, 'rail', c.rail,
+            'rail_reference', c.rail_reference, 'payer', c.payer, 'amount', c.amount,
+            'currency', c.currency, 'status', c.status, 'failure_code', c.failure_code,
+            'rail_transaction_id', c.rail_transaction_id, 'created_at', iso_8601(c.created_at),
+            'submitted_at', iso_8601(c.submitted_at), 'settled_at', iso_8601(c.settled_at),
+            'unresolved_at', iso_8601(c.unresolved_at),
+            'prompt_expired_at', iso_8601(c.prompt_expired_at),
+            'last_polled_at', iso_8601(c.last_polled_at)))
+        || CASE WHEN c.status = 'failed'
+                THEN jsonb_build_object('failure_code', c.failure_code,
+                                        'failure_kind', %(failure_kind)s::text)
+                ELSE '{}'::jsonb END
+      FROM charge c, intent i
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, type
+), targets AS (
+    SELECT e.id AS event_id, w.id AS endpoint_id, w.merchant_id
+      FROM event e, intent i
+      JOIN webhook_endpoints w ON w.merchant_id = i.merchant_id AND w.enabled
+     WHERE '*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events)
+), recorded AS (
+    INSERT INTO webhook_deliveries (event_id, endpoint_id)
+    SELECT event_id, endpoint_id FROM targets
+    ON CONFLICT (event_id, endpoint_id) DO NOTHING
+    RETURNING event_id, endpoint_id
+), delivering AS (
+    INSERT INTO jobs (kind, lane, dedupe_key, payload, fair_key)
+    SELECT 'deliver', 'webhooks', 'deliver:' || r.event_id || ':' || r.endpoint_id,
+           jsonb_build_object('event_id', r.event_id, 'endpoint_id', r.endpoint_id), t.merchant_id
+      FROM recorded r JOIN targets t USING (event_id, endpoint_id)
+    ON CONFLICT (dedupe_key) DO NOTHING
+    RETURNING 1
+), before AS (
+    SELECT type, payment_intent_id FROM events WHERE id = %(event_id)s
+)
+SELECT c.id, c.payment_intent_id, c.status, c.failure_code,
+       (SELECT count(*) FROM event) AS events, (SELECT count(*) FROM delivering) AS deliveries,
+       CASE WHEN b.type IS NOT NULL AND (b.type <> %(event_type)s OR b.payment_intent_id <> c.payment_intent_id)
+            THEN vpay_refuse('event id ' || %(event_id)s || ' of ' || %(event_type)s || ' on '
+                             || c.payment_intent_id || ' is taken by ' || b.type || ' on '
+                             || b.payment_intent_id) END AS refused
+  FROM charge c LEFT JOIN before b ON true;
 
 -- name: insert_alert
 -- charge_unresolved is unique per charge, refund_unresolved per refund, and

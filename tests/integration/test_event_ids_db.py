@@ -2,8 +2,8 @@
 every transition's event has the id of that transition, a transition
 written again on a timeline that lost its first write (an asynchronous
 standby promoted; modelled here by putting the rows back as the standby
-had them) gets the same id and one fan-out, and an id that exists already
-is kept once. Also the commit mode (vpay.base.replication) as the test
+had them) gets the same id and one delivery per endpoint, and an id that
+exists already is kept once. Also the commit mode (vpay.base.replication) as the test
 server reports it, in the log hook and the scrape's gauge.
 
 The failover itself, with a real standby: tests/acceptance/test_failover.py."""
@@ -49,10 +49,10 @@ def test_each_transition_writes_the_id_of_that_transition(db, merchant):
 
 def _lose_the_settle(db, charge_id: str, intent_id: str, event_id: str) -> None:
     """The rows as a standby that never received the settle has them: the
-    charge pending, its intent processing, no event, no fan-out job."""
+    charge pending, its intent processing, no event, no delivery, no deliver job."""
     with db.transaction():
-        db.execute("DELETE FROM jobs WHERE dedupe_key = %s", (f"fanout:{event_id}",))
-        db.execute("DELETE FROM events WHERE id = %s", (event_id,))
+        db.execute("DELETE FROM jobs WHERE dedupe_key LIKE %s", (f"deliver:{event_id}:%",))
+        db.execute("DELETE FROM events WHERE id = %s", (event_id,))  # its deliveries go with it
         db.execute("UPDATE charges SET status = 'pending', settled_at = NULL, failure_code = NULL, "
                    "rail_transaction_id = NULL WHERE id = %s", (charge_id,))
         db.execute("UPDATE payment_intents SET status = 'processing' WHERE id = %s", (intent_id,))
@@ -70,24 +70,49 @@ def test_a_settle_written_again_after_its_first_write_was_lost_keeps_its_event_i
 
     assert charges.settle(db, charge_id, kind, failure_code="EXPIRED").transitioned
     assert [e for e in _events(db, intent_id) if e[1] == event_type] == [(first, event_type)]
-    # one fan-out, under the same key: deliveries are keyed by the event id
-    assert db.execute("SELECT count(*) FROM jobs WHERE dedupe_key = %s", (f"fanout:{first}",)).fetchone() == (1,)
+    # one delivery, under the same key: deliveries are keyed by the event id
+    endpoint_id = db.execute("SELECT id FROM webhook_endpoints").fetchone()[0]
+    assert db.execute("SELECT count(*) FROM jobs WHERE dedupe_key = %s",
+                      (f"deliver:{first}:{endpoint_id}",)).fetchone() == (1,)
+    assert db.execute("SELECT count(*) FROM webhook_deliveries WHERE event_id = %s", (first,)).fetchone() == (1,)
 
 
-def test_an_event_whose_id_exists_is_kept_once_with_no_second_fan_out(db, merchant, caplog):
+def test_an_event_whose_id_exists_is_kept_once_with_no_second_delivery(db, merchant, caplog):
     webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     created = _new(db, merchant)
     [(event_id, _)] = _events(db, created.intent["id"])
-    db.execute("DELETE FROM jobs WHERE kind = 'fanout'")  # as after its fan-out ran
+    db.execute("DELETE FROM jobs WHERE kind = 'deliver'")  # as after its delivery ran
     with caplog.at_level(logging.WARNING, logger="vpay.money"):
         with db.transaction():
             again = charges.emit_event(db, "payment_intent.processing", created.intent, created.charge,
                                        {"expired": False})
     assert again["id"] == event_id
     assert db.execute("SELECT count(*) FROM events").fetchone() == (1,)
-    assert db.execute("SELECT count(*) FROM jobs WHERE kind = 'fanout'").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM jobs WHERE kind = 'deliver'").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM webhook_deliveries").fetchone() == (1,)
     [record] = [r for r in caplog.records if r.getMessage().startswith("event already written")]
     assert record.event_id == event_id
+
+
+def test_a_settle_whose_event_exists_settles_once_with_no_second_event_or_delivery(db, merchant, caplog):
+    # The one-statement settle (charge_settle) keeps emit_event's rule: the
+    # event of this transition written before (restored around the state
+    # machine) is kept as it is, and nobody is told twice.
+    webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
+    created = _new(db, merchant)
+    charge_id, intent_id = created.charge["id"], created.intent["id"]
+    assert charges.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
+    [(first, _)] = [e for e in _events(db, intent_id) if e[1] == "payment_intent.succeeded"]
+    db.execute("DELETE FROM jobs WHERE kind = 'deliver'")  # as after the deliveries ran
+    db.execute("UPDATE charges SET status = 'pending', settled_at = NULL WHERE id = %s", (charge_id,))
+    with caplog.at_level(logging.WARNING, logger="vpay.money"):
+        assert charges.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
+    assert [e for e in _events(db, intent_id) if e[1] == "payment_intent.succeeded"] == \
+        [(first, "payment_intent.succeeded")]
+    assert db.execute("SELECT count(*) FROM jobs WHERE kind = 'deliver'").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM webhook_deliveries WHERE event_id = %s", (first,)).fetchone() == (1,)
+    [record] = [r for r in caplog.records if r.getMessage().startswith("event already written")]
+    assert record.event_id == first and record.charge_id == charge_id
 
 
 def test_an_id_taken_by_another_transition_is_refused_and_writes_nothing(db, merchant):

@@ -34,15 +34,15 @@ def _charge_on(db, merchant, rail, status="pending"):
 
 
 def test_every_kind_is_born_in_its_lane(db, pool, merchant):
-    # an endpoint, so events get their fan-out job (none without: docs/webhooks.md)
+    # an endpoint, so events get their deliver job (none without: docs/webhooks.md)
     webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     mtn, orange = _charge_on(db, merchant, "mtn"), _charge_on(db, merchant, "orange")
     # poll: born with the charge (charges.create_payment)
     assert _lane(db, f"poll:{mtn['id']}") == "mtn"
     assert _lane(db, f"poll:{orange['id']}") == "orange"
-    # fanout: born with the event, in the same transaction
-    fanouts = db.execute("SELECT DISTINCT lane FROM jobs WHERE kind = 'fanout'").fetchall()
-    assert fanouts == [("webhooks",)]
+    # deliver: born with the event, in the same transaction
+    delivers = db.execute("SELECT DISTINCT lane FROM jobs WHERE kind = 'deliver'").fetchall()
+    assert delivers == [("webhooks",)]
     # resubmit: enqueued by charge id only, the rail is read from the charge
     for charge in (mtn, orange):
         assert queue.enqueue(db, "resubmit", f"resubmit:{charge['id']}", {"charge_id": charge["id"]})
@@ -74,14 +74,23 @@ def test_the_scan_backstop_puts_each_poll_in_its_charges_rail_lane(db, merchant)
         assert _lane(db, f"poll:{charge['id']}") == charge["rail"]
 
 
-def test_fanout_puts_deliveries_in_the_webhooks_lane(db, merchant):
+def test_deliveries_born_with_their_events_are_in_the_webhooks_lane(db, merchant):
     webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     charge = _charge_on(db, merchant, "mtn")
     assert charges.settle(db, charge["id"], StatusKind.SUCCEEDED).transitioned
-    for event_id, in db.execute("SELECT payload ->> 'event_id' FROM jobs WHERE kind = 'fanout'").fetchall():
-        db.execute(queue.Q["fanout_deliveries"], {"event_id": event_id})
     lanes = db.execute("SELECT lane, count(*) FROM jobs WHERE kind = 'deliver' GROUP BY 1").fetchall()
-    assert lanes == [("webhooks", 2)]
+    assert lanes == [("webhooks", 2)]  # the processing event's and the succeeded one's
+
+
+def test_a_fanout_job_left_by_an_older_release_puts_deliveries_in_the_webhooks_lane(db, merchant):
+    endpoint = webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
+    _charge_on(db, merchant, "mtn")
+    # as an older release left it: the event, its deliveries not yet made
+    db.execute("DELETE FROM webhook_deliveries")
+    db.execute("DELETE FROM jobs WHERE kind = 'deliver'")
+    event_id = db.execute("SELECT id FROM events").fetchone()[0]
+    assert db.execute(queue.Q["fanout_deliveries"], {"event_id": event_id}).fetchall()
+    assert _lane(db, f"deliver:{event_id}:{endpoint['id']}") == "webhooks"
 
 
 def test_a_rail_job_whose_charge_does_not_exist_is_refused_and_nothing_is_written(db):

@@ -32,8 +32,8 @@ def _values(collector) -> dict[tuple, float]:
 
 def test_the_gauges_count_what_the_tables_hold(db, pool):
     merchants.create_merchant(db, "m1", "m1")
-    # before the payments: an event gets its fan-out job only when its
-    # merchant has an enabled endpoint (docs/webhooks.md, "Who gets an event")
+    # before the payments: an event gets its delivery (and deliver job) only
+    # for an enabled endpoint (docs/webhooks.md, "Who gets an event")
     db.execute("INSERT INTO webhook_endpoints (id, merchant_id, url, secret, enabled) VALUES "
                "('we_a', 'm1', 'https://a.example/h', 'whsec_x', false), "
                "('we_b', 'm1', 'https://b.example/h', 'whsec_y', true)")
@@ -42,14 +42,14 @@ def test_the_gauges_count_what_the_tables_hold(db, pool):
     db.execute("UPDATE charges SET status = 'unresolved' WHERE id = %s", (made_charges[0]["id"],))
     db.execute("UPDATE charges SET status = 'succeeded', settled_at = now() WHERE id = %s",
                (made_charges[1]["id"],))
-    # lanes: three polls (mtn) and three fan-outs (webhooks) were born with the payments
+    # lanes: three polls (mtn) and three deliveries (webhooks, we_b) were born with the payments
     db.execute("UPDATE jobs SET run_at = 'infinity' WHERE dedupe_key = %s", (f"poll:{made_charges[0]['id']}",))
     db.execute("UPDATE jobs SET run_at = now() - interval '1 second' WHERE dedupe_key = %s",
                (f"poll:{made_charges[1]['id']}",))
     db.execute("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE dedupe_key = %s",
                (f"poll:{made_charges[2]['id']}",))
     db.execute("UPDATE jobs SET locked_by = 'w', locked_at = now(), lease_token = gen_random_uuid(), "
-               "lease_expires_at = now() + interval '5 minutes', run_at = now() WHERE kind = 'fanout'")
+               "lease_expires_at = now() + interval '5 minutes', run_at = now() WHERE kind = 'deliver'")
     db.execute("INSERT INTO alerts (kind, charge_id) VALUES ('charge_unresolved', %s), "
                "('rail_contradiction', %s)", (made_charges[0]["id"], made_charges[1]["id"]))
     db.execute("INSERT INTO alerts (kind, acknowledged_at) VALUES ('job_dead_lettered', now())")

@@ -20,8 +20,8 @@ def _new(db, merchant, payer="256770000001"):
 
 
 def test_create_payment_writes_intent_charge_poll_job_and_event_together(db, merchant):
-    # The merchant receives webhooks, so the event is born with its fan-out
-    # job (a merchant without an endpoint gets none: test_webhooks.py).
+    # The merchant receives webhooks, so the event is born with its delivery
+    # and its deliver job (a merchant without an endpoint gets none: test_wake.py).
     from vpay import webhooks
     webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     created = _new(db, merchant)
@@ -33,7 +33,11 @@ def test_create_payment_writes_intent_charge_poll_job_and_event_together(db, mer
     assert job == ("poll", created.charge["id"], True)
     assert db.execute(COUNT_ALL).fetchone() == (1, 1, 2, 1)
     event_id = db.execute("SELECT id FROM events").fetchone()[0]
-    assert db.execute("SELECT kind FROM jobs WHERE dedupe_key = %s", (f"fanout:{event_id}",)).fetchone() == ("fanout",)
+    endpoint_id = db.execute("SELECT id FROM webhook_endpoints").fetchone()[0]
+    assert db.execute("SELECT kind FROM jobs WHERE dedupe_key = %s",
+                      (f"deliver:{event_id}:{endpoint_id}",)).fetchone() == ("deliver",)
+    assert db.execute("SELECT status FROM webhook_deliveries WHERE event_id = %s",
+                      (event_id,)).fetchall() == [("pending",)]
     import uuid
     assert uuid.UUID(created.charge["rail_reference"]).version == 4
 

@@ -53,32 +53,32 @@ def test_a_notification_wakes_only_loops_of_its_lane(db, db_url):
     assert waker.wakeups == [0, 1]
 
 
-def _fanouts(db):
-    return [r[0] for r in db.execute("SELECT dedupe_key FROM jobs WHERE kind = 'fanout' ORDER BY id")]
+def _webhook_jobs(db):
+    return [r[0] for r in db.execute("SELECT dedupe_key FROM jobs WHERE kind IN ('fanout', 'deliver') "
+                                     "ORDER BY id")]
 
 
-def test_no_fanout_job_for_an_event_whose_merchant_has_no_enabled_endpoint(db, merchant):
+def test_no_webhook_job_for_an_event_whose_merchant_has_no_enabled_endpoint(db, merchant):
     plain = charges.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
                                  payer="256770000001")
     events = db.execute("SELECT id FROM events WHERE payment_intent_id = %s",
                         (plain.intent["id"],)).fetchall()
     assert len(events) == 1      # the event is still written (payments show lists it)
-    assert _fanouts(db) == []    # but nobody can receive it: no job
+    assert _webhook_jobs(db) == []    # but nobody can receive it: no job
     # a disabled endpoint receives nothing either
     endpoint = webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/hook", permit_private=True)
     db.execute("UPDATE webhook_endpoints SET enabled = false")
     charges.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
                          payer="256770000002")
-    assert _fanouts(db) == []
-    # enabled: the next event is born with its fan-out job, in the webhooks lane
+    assert _webhook_jobs(db) == []
+    # enabled: the next event is born with its deliver job, in the webhooks lane
     db.execute("UPDATE webhook_endpoints SET enabled = true")
     hooked = charges.create_payment(db, merchant_id=merchant, amount=1500, currency="EUR", rail="mtn",
                                   payer="256770000003")
     event_id = db.execute("SELECT id FROM events WHERE payment_intent_id = %s",
                           (hooked.intent["id"],)).fetchone()[0]
-    assert _fanouts(db) == [f"fanout:{event_id}"]
-    assert db.execute("SELECT lane FROM jobs WHERE kind = 'fanout'").fetchone()[0] == "webhooks"
-    assert endpoint
+    assert _webhook_jobs(db) == [f"deliver:{event_id}:{endpoint['id']}"]
+    assert db.execute("SELECT lane FROM jobs WHERE kind = 'deliver'").fetchone()[0] == "webhooks"
 
 
 def test_the_listener_claims_for_the_loop_it_wakes_and_the_loop_starts_from_that_claim(db, db_url):

@@ -160,7 +160,8 @@ def make_payment(db, merchant: str, amount: int = 1050) -> str:
 
 
 def settle(db, charge_id: str) -> str:
-    """Settle the charge as succeeded (event + fanout job); answer the event id."""
+    """Settle the charge as succeeded (the event, born with its deliveries);
+    answer the event id."""
     assert charges.settle(db, charge_id, StatusKind.SUCCEEDED).transitioned
     return db.execute("SELECT e.id FROM events e JOIN charges c ON c.payment_intent_id = "
                       "e.payment_intent_id WHERE c.id = %s AND e.type = 'payment_intent.succeeded'",
@@ -351,7 +352,10 @@ def test_an_endpoint_row_with_a_private_url_is_refused_at_delivery_without_the_f
 
 # ---- delivery in-process: statuses, schedule, limits --------------------
 
-def test_fanout_is_idempotent_even_after_deliveries_finished(db, pool, receiver, dev_flag):
+def test_a_fanout_job_left_by_an_older_release_creates_nothing_new_after_deliveries_finished(
+        db, pool, receiver, dev_flag):
+    # Releases before issue 30 made each event's deliveries in a fanout:<event_id>
+    # job; one still queued at an upgrade runs here and finds them made.
     endpoint(db, "m1", receiver.url("/a"))
     off = endpoint(db, "m1", receiver.url("/off"))
     webhooks.disable_endpoint(db, off["id"], "test")
@@ -361,10 +365,44 @@ def test_fanout_is_idempotent_even_after_deliveries_finished(db, pool, receiver,
     assert len(receiver.posts("/a")) == 1 and receiver.posts("/off") == receiver.posts("/c") == []
     assert webhook_jobs(db) == 0
 
-    queue.enqueue(db, "fanout", f"fanout:{event_id}", {"event_id": event_id})  # a re-run
+    queue.enqueue(db, "fanout", f"fanout:{event_id}", {"event_id": event_id})
     run_queue(pool, db)
     assert webhook_jobs(db) == 0 and len(receiver.posts("/a")) == 1
     assert db.execute("SELECT count(*) FROM webhook_deliveries").fetchone() == (1,)
+
+
+def test_a_delivery_costs_two_statements_around_its_post(db, db_url, receiver, dev_flag):
+    # Counted at the wire (bench/pgcount.py): webhook_attempt_start (the event,
+    # the endpoint, its back-off gate) and webhook_attempt_end (the outcome and
+    # the endpoint's back-off cleared). Before issue 30: four (context, gate,
+    # the endpoint answered, the outcome).
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from pgcount import CountingProxy
+    from vpay.base import db as vdb
+    ep = endpoint(db, "m1", receiver.url("/a"))
+    settle(db, make_payment(db, "m1"))
+    db.execute("UPDATE webhook_endpoints SET timeouts_in_row = 2, backoff_until = now() - interval '1 second'")
+    job = queue.claim(db, "t1")
+    assert job.kind == "deliver"
+    proxy = CountingProxy(db_url).start()
+    pool = vdb.make_pool(proxy.url, max_size=2)
+    try:
+        with pool.connection():
+            pass
+        before, checks = proxy.total(), proxy.by_statement()[""]
+        outcome = handlers.handle(job, handlers.Context(pool=pool, worker_id="t1"))
+        trips = proxy.total() - before - (proxy.by_statement()[""] - checks)
+    finally:
+        pool.close()
+        proxy.stop()
+    assert type(outcome).__name__ == "Done" and len(receiver.posts("/a")) == 1
+    assert trips == 2, proxy.by_statement().most_common(6)
+    # the probe went through and its answer cleared the back-off
+    assert db.execute("SELECT timeouts_in_row, backoff_until FROM webhook_endpoints WHERE id = %s",
+                      (ep["id"],)).fetchone() == (0, None)
+    assert db.execute("SELECT status, attempts FROM webhook_deliveries WHERE event_id = %s",
+                      (job.payload["event_id"],)).fetchone() == ("delivered", 1)
 
 
 def test_a_disabled_endpoints_pending_delivery_ends_unsent(db, pool, receiver, dev_flag, caplog):
@@ -372,8 +410,7 @@ def test_a_disabled_endpoints_pending_delivery_ends_unsent(db, pool, receiver, d
     settle(db, make_payment(db, "m1"))
     ctx = handlers.Context(pool=pool, worker_id="t1")
     w = Worker(pool, ctx, WorkerConfig(worker_id="t1", concurrency=1), ShutdownSignals())
-    w._run(queue.claim(db, "t1"))  # the fan-out only
-    assert deliver_job(db, ep["id"]) is not None
+    assert deliver_job(db, ep["id"]) is not None  # born with the event
     webhooks.disable_endpoint(db, ep["id"], "disabled by an operator")
     with caplog.at_level("INFO", logger="vpay.webhooks"):
         w._run(queue.claim(db, "t1"))
@@ -412,7 +449,6 @@ def test_the_tenth_failure_is_dead_lettered_with_an_alert(db, pool, receiver, de
     settle(db, make_payment(db, "m1"))
     ctx = handlers.Context(pool=pool, worker_id="t1")
     w = Worker(pool, ctx, WorkerConfig(worker_id="t1", concurrency=1), ShutdownSignals())
-    w._run(queue.claim(db, "t1"))  # fan-out
     db.execute("UPDATE jobs SET attempts = %s WHERE kind = 'deliver'", (webhooks.MAX_ATTEMPTS - 1,))
     w._run(queue.claim(db, "t1"))  # attempt number 10
     parked, reason = db.execute("SELECT run_at = 'infinity', last_error FROM jobs").fetchone()

@@ -66,6 +66,53 @@ def test_pinned_https_still_sends_sni_and_verifies_the_hostname(tmp_path, monkey
         rx.close()
 
 
+def test_each_way_an_attempt_can_fail_says_so_in_its_error():
+    # The transport speaks to urllib3 directly (issue 30): its errors are
+    # told apart as they were through requests.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    refused = webhooks.post(f"http://127.0.0.1:{port}/", b"{}", {}, connect_timeout=1, read_timeout=1,
+                            allow_private=True)
+    assert refused.status_code is None and refused.error.startswith("connect error: ")
+    assert "refused" in refused.error.lower() and refused.address == "127.0.0.1"
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        got = webhooks.post(f"http://127.0.0.1:{silent.getsockname()[1]}/", b"{}", {},
+                            connect_timeout=1, read_timeout=0.3, allow_private=True)
+        assert got.status_code is None and got.error == "timeout: no response within 0.3 s"
+    finally:
+        silent.close()
+
+
+def test_an_answer_is_read_with_its_retry_after_and_a_bounded_excerpt():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def answer():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        body = b"busy " + b"x" * 100_000
+        conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 7\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        conn.close()
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        got = webhooks.post(f"http://127.0.0.1:{listener.getsockname()[1]}/", b"{}", {},
+                            connect_timeout=1, read_timeout=2, allow_private=True)
+    finally:
+        listener.close()
+    assert (got.status_code, got.retry_after, got.error) == (503, 7.0, None)
+    assert got.body_excerpt.startswith("busy xxx") and len(got.body_excerpt) == 300
+
+
 def test_a_dribbling_receiver_is_cut_at_the_attempt_deadline():
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

@@ -6,7 +6,10 @@ and then one byte of body a second never trips either, and holds the caller
 for as long as it likes (the issue "Isolation", input 2: one MoMo status read
 took 110 s with (3.05, 10) s timeouts). ``Deadline`` bounds the whole call:
 
-* ``with Deadline(seconds) as deadline:`` starts a watchdog timer. Every
+* ``with Deadline(seconds) as deadline:`` puts the deadline on the process's
+  one watchdog thread (``_Watchdog``: a heap of the deadlines in force; a
+  thread per call cost a thread's start and end on every rail read and
+  webhook attempt, issue 30). Every
   socket a ``requests`` session opens (or takes from its pool) inside the
   block, in this thread, is registered with it, provided the session's
   adapter uses ``WatchedHTTPPool`` / ``WatchedHTTPSPool`` (``DeadlineAdapter``
@@ -29,6 +32,8 @@ both: a merchant's receiver and a rail asking for less traffic.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import socket
 import threading
@@ -44,22 +49,99 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 _current = threading.local()
 
 
+class _Watchdog:
+    """The one thread of a process that expires every ``Deadline`` in force,
+    each when its time comes: a heap ordered by time, a condition the
+    thread waits on. A deadline left (``__exit__``) before its time stays in
+    the heap, marked done, and is dropped when the thread next looks; the
+    heap is rebuilt without such entries once they are over half of it, so
+    it holds at most about twice the deadlines in force. The thread looks at
+    least every ``TICK_SECONDS`` while deadlines are in force, and is woken
+    early only for one due sooner than its next look (or the first after an
+    idle spell): a busy process pays about one wake-up a second, not one per
+    call. It starts with the first deadline (and again in a forked child,
+    which has none)."""
+
+    TICK_SECONDS = 1.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Deadline]] = []
+        self._seq = itertools.count()
+        self._done = 0  # entries in the heap whose deadline was left
+        self._next_look = float("inf")  # when the thread wakes next on its own
+        self._thread: threading.Thread | None = None
+
+    def watch(self, deadline: "Deadline", at: float) -> None:
+        """Expire ``deadline`` at ``at`` (monotonic seconds) unless it is
+        left before."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="http-deadline", daemon=True)
+                self._thread.start()
+            heapq.heappush(self._heap, (at, next(self._seq), deadline))
+            if at < self._next_look:
+                self._cond.notify()  # due before the thread would look again
+
+    def left(self) -> None:
+        """A deadline in the heap was left before its time."""
+        with self._cond:
+            self._done += 1
+            if self._done * 2 > len(self._heap) >= 64:
+                self._heap = [e for e in self._heap if not e[2].done]
+                heapq.heapify(self._heap)
+                self._done = 0
+
+    def _next_due(self) -> "Deadline":
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][2].done:
+                    heapq.heappop(self._heap)
+                    self._done = max(0, self._done - 1)
+                now = time.monotonic()
+                if not self._heap:
+                    self._next_look = float("inf")
+                    self._cond.wait()
+                    continue
+                if self._heap[0][0] <= now:
+                    return heapq.heappop(self._heap)[2]
+                self._next_look = min(self._heap[0][0], now + self.TICK_SECONDS)
+                self._cond.wait(self._next_look - now)
+
+    def _run(self) -> None:
+        while True:
+            self._next_due()._expire()  # outside the lock: it shuts sockets
+
+
+_watchdog = _Watchdog()
+
+
+def _after_fork_in_child() -> None:
+    global _watchdog
+    _watchdog = _Watchdog()  # the parent's thread and deadlines are not the child's
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Deadline:
     """A total time bound, in seconds, for the HTTP work done inside
     ``with Deadline(seconds):`` in the calling thread. Re-entrant per thread:
     an inner ``Deadline`` is in force inside its block, the outer one again
     after it. ``seconds`` must be positive and finite (callers validate
-    settings; ``ValueError`` otherwise)."""
+    settings; ``ValueError`` otherwise). Expired by the process's one
+    watchdog thread (``_Watchdog``)."""
 
     def __init__(self, seconds: float):
         if not (0 < seconds < float("inf")):
             raise ValueError(f"a deadline needs a positive finite number of seconds, got {seconds!r}")
         self.seconds = float(seconds)
         self.expired = False
+        self.done = False
+        """Left (``__exit__``): the watchdog skips it."""
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
-        self._timer = threading.Timer(self.seconds, self._expire)
-        self._timer.daemon = True
         self._started = time.monotonic()
         self._outer: Deadline | None = None
 
@@ -67,14 +149,16 @@ class Deadline:
         self._outer = getattr(_current, "deadline", None)
         _current.deadline = self
         self._started = time.monotonic()
-        self._timer.start()
+        _watchdog.watch(self, self._started + self.seconds)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._timer.cancel()
         _current.deadline = self._outer
         with self._lock:
+            self.done = True
             socks, self._socks = self._socks, []
+        if not self.expired:
+            _watchdog.left()
         for sock in socks:
             try:
                 sock.close()  # our duplicate descriptor only; the connection's own is untouched
@@ -95,13 +179,20 @@ class Deadline:
         except (OSError, ValueError):
             return  # already closed: nothing to bound
         with self._lock:
-            self._socks.append(dup)
-            expired = self.expired
-        if expired:
+            if self.done:
+                expired = None
+            else:
+                self._socks.append(dup)
+                expired = self.expired
+        if expired is None:
+            dup.close()  # the block was left: nothing to bound
+        elif expired:
             _shut(dup)
 
     def _expire(self) -> None:
         with self._lock:
+            if self.done:
+                return  # left as its time came: nothing to shut
             self.expired = True
             socks = list(self._socks)
         for sock in socks:

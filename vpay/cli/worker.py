@@ -165,8 +165,10 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         raise Unavailable(line) from None
     if collector is not None:
         collector.pool = pool
-    from vpay.rails.calls import database_recorder, set_recorder
-    set_recorder(database_recorder(pool))  # rail_calls: the console's payment timelines
+    from vpay.rails.calls import BatchedRecorder, set_recorder
+    # rail_calls, the console's payment timelines: written in batches, not a
+    # round trip per status read (issue 30); what is left is written at the end
+    set_recorder(BatchedRecorder(pool))
     from vpay.rails.gate import share_pauses
     from vpay.rails.pauses import DatabasePauses
     share_pauses(DatabasePauses(pool, wid))  # a rail's 429/503 pause holds fleet-wide (rail_pauses)
@@ -196,6 +198,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                         extra={"endpoints": plaintext})
         ensure_scheduled(conn)
     drain = Worker(pool, handler_ctx, config, signals).run()
+    set_recorder(None)  # the rail calls still held are written (BatchedRecorder.close)
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stdout.flush()

@@ -63,18 +63,23 @@ def poll_once(p: Pollable, job: Job, ctx: Context) -> Outcome:
     rail = ctx.rail(row["rail"])
     answer = p.read_status(rail, row)
 
+    live = row["status"] not in SETTLED
+    why = answer.disagreement(row["amount"], row["currency"]) if live else None
+    # The path of nearly every payment: the settle stamps the read in its own
+    # statement (issue 30); every other answer stamps it first.
+    plain_settle = live and not why and answer.terminal and not answer.configuration
     with ctx.pool.connection() as conn:
-        # Stamped even for a settled row, so the callback route's 10 s rule
-        # also spaces verification reads.
-        record_poll(conn, p, row["id"], answer.kind in RAIL_KNOWS)
+        if not plain_settle:
+            # Stamped even for a settled row, so the callback route's 10 s rule
+            # also spaces verification reads.
+            record_poll(conn, p, row["id"], answer.kind in RAIL_KNOWS)
         if answer.kind is StatusKind.MISCONFIGURED:
-            _misconfigured(conn, p, row, answer, "none" if row["status"] in SETTLED else "kept_pending")
-        if row["status"] in SETTLED:
+            _misconfigured(conn, p, row, answer, "none" if not live else "kept_pending")
+        if not live:
             theirs = final_status(answer.kind) if answer.terminal else None
             if theirs is not None and theirs != row["status"]:
                 note_contradiction(conn, p, row, theirs, answer.reason, where=p.kind)
             return Done()
-        why = answer.disagreement(row["amount"], row["currency"])
         if why:
             # Not this row's money, or not readable as it: a human reconciles it.
             rail_says, rail_reason, where = contradiction_details(answer, why)
@@ -88,7 +93,7 @@ def poll_once(p: Pollable, job: Job, ctx: Context) -> Outcome:
                     settle(conn, p, row["id"], answer.kind, failure_code=misconfiguration.FAILURE_CODE)
             else:
                 settle(conn, p, row["id"], answer.kind, failure_code=answer.reason,
-                       rail_transaction_id=answer.financial_transaction_id)
+                       rail_transaction_id=answer.financial_transaction_id, polled=True)
             testhooks.pause(after)
             return Done()
 

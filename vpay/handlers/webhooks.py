@@ -1,10 +1,13 @@
 """Webhook fan-out and delivery on the same queue (design page: "the same
 queue carries webhook fan-out and delivery").
 
-* ``fanout:<event_id>`` (born with its event, in the same transaction, by
-  ``money.emit_event``) creates one ``deliver:<event_id>:<endpoint_id>`` job
-  per enabled endpoint of the event's merchant, each with its
-  ``webhook_deliveries`` row; re-running creates nothing new.
+* Each event is born with its deliveries (``money.emit_event``,
+  ``charge_settle``: a ``webhook_deliveries`` row and a
+  ``deliver:<event_id>:<endpoint_id>`` job per enabled endpoint of the
+  event's merchant that receives it, in the event's transaction; issue 30).
+  ``fanout:<event_id>``, which made them in a job of its own before that,
+  still runs for a job an older release left queued: the same deliveries,
+  re-running creates nothing new.
 * ``deliver:<event_id>:<endpoint_id>`` makes one signed POST
   (``vpay.webhooks.post``) and answers the queue: 2xx → ``Done``; 410 → the
   endpoint is disabled, ``Done``; otherwise ``RetryAfter`` on the webhook
@@ -51,7 +54,9 @@ log = logging.getLogger("vpay.webhooks")
 @register("fanout")
 def fanout(job, ctx):
     """One delivery per enabled endpoint of the event's merchant
-    (``fanout_deliveries``); answers ``Done`` with the count created."""
+    (``fanout_deliveries``); answers ``Done`` with the count created. Only
+    for ``fanout:`` jobs an older release left queued at an upgrade: events
+    are born with their deliveries now."""
     event_id = job.payload.get("event_id")
     if not event_id:
         return DeadLetter(f"fanout job without an event_id: {job.payload!r}")
@@ -63,30 +68,32 @@ def fanout(job, ctx):
 
 @register("deliver")
 def deliver(job, ctx):
-    """One attempt to deliver one event to one endpoint; see the module doc."""
+    """One attempt to deliver one event to one endpoint; see the module doc.
+    Two statements around the POST (issue 30): ``webhook_attempt_start``
+    (the event, the endpoint and its back-off gate) and
+    ``webhook_attempt_end`` (the delivery's outcome and the attempt's word on
+    the endpoint); a disabled endpoint, a policy hold and a 410 add theirs."""
     event_id = job.payload.get("event_id")
     endpoint_id = job.payload.get("endpoint_id")
     if not event_id or not endpoint_id:
         return DeadLetter(f"deliver job without event_id/endpoint_id: {job.payload!r}")
     connect_timeout, read_timeout = webhooks.timeouts()  # ConfigError: the loop retries, loudly
     with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["webhook_delivery_context"],
-                          {"event_id": event_id, "endpoint_id": endpoint_id}).fetchone()
+        row = cur.execute(Q["webhook_attempt_start"], {
+            "event_id": event_id, "endpoint_id": endpoint_id,
+            "probe_seconds": webhooks.attempt_deadline(connect_timeout, read_timeout) + 5.0}).fetchone()
     fields = _fields(job, ctx, event_id=event_id, endpoint_id=endpoint_id)
     if row is None:
         log.warning("webhook delivery dropped: its event or endpoint no longer exists", extra=fields)
         return Done("event or endpoint gone")
     fields["host"] = urlsplit(row["url"]).hostname
     if not row["enabled"]:
-        with ctx.pool.connection() as conn:
-            held = webhooks.held_by_policy(conn, endpoint_id)
+        held = row["disabled_cause"] == "url_policy"
         _record(ctx, event_id, endpoint_id, "held" if held else "skipped", job.attempts, None,
                 "endpoint disabled")
         log.info("webhook delivery ended: endpoint disabled", extra=fields | {"held": held})
         return Done("endpoint disabled")
-    with ctx.pool.connection() as conn:
-        backed_off = backoff.gate(conn, endpoint_id,
-                                  webhooks.attempt_deadline(connect_timeout, read_timeout) + 5.0)
+    backed_off = backoff.gate(row)
     if backed_off.wait_seconds > 0:
         wait = backed_off.wait_seconds + random.uniform(0.0, 1.0)  # spread the waiters' wake-up
         log.info("webhook delivery deferred: endpoint backed off",
@@ -108,15 +115,13 @@ def deliver(job, ctx):
     headers = webhooks.signed_headers(row["event_id"], row["now_epoch"], body, secrets)
     attempt = webhooks.post(row["url"], body, headers, connect_timeout=connect_timeout,
                             read_timeout=read_timeout, allow_private=webhooks.allow_private())
-    with ctx.pool.connection() as conn:
-        backoff.note(conn, endpoint_id, attempt)
     fields |= {"status_code": attempt.status_code, "seconds": round(attempt.elapsed, 3),
                "result": attempt.summary, "address": attempt.address}
     if attempt.permanent:  # the policy refuses this URL for good: hold the endpoint, not the job
         metrics.webhook_attempt("held")
         with ctx.pool.connection() as conn:
             first = webhooks.hold_endpoint(conn, endpoint_id, attempt.summary)
-        _record(ctx, event_id, endpoint_id, "held", job.attempts, None, attempt.summary)
+        _record(ctx, event_id, endpoint_id, "held", job.attempts, None, attempt.summary, attempt)
         log.log(logging.ERROR if first else logging.INFO, "webhook endpoint held by the URL policy",
                 extra=fields | {"first": first})
         return Done(f"held: {attempt.summary}")
@@ -124,37 +129,43 @@ def deliver(job, ctx):
     metrics.webhook_attempt(decision.action)
 
     if decision.action == "delivered":
-        _record(ctx, event_id, endpoint_id, "delivered", job.attempts, attempt.status_code, None)
+        _record(ctx, event_id, endpoint_id, "delivered", job.attempts, attempt.status_code, None, attempt)
         log.info("webhook delivered", extra=fields)
         return Done(attempt.summary)
     if decision.action == "gone":
         with ctx.pool.connection() as conn:
             webhooks.disable_endpoint(conn, endpoint_id, "receiver answered 410 Gone")
         _record(ctx, event_id, endpoint_id, "gone", job.attempts, attempt.status_code,
-                decision.note)
+                decision.note, attempt)
         log.warning("webhook endpoint answered 410 Gone: endpoint disabled", extra=fields)
         return Done(decision.note)
     if decision.action == "retry":
         _record(ctx, event_id, endpoint_id, "pending", job.attempts, attempt.status_code,
-                _error_text(attempt))
+                _error_text(attempt), attempt)
         log.warning("webhook delivery failed; will retry",
                     extra=fields | {"retry_in_seconds": round(decision.delay, 1),
                                     "error": attempt.error, "body": attempt.body_excerpt[:200]})
         return RetryAfter(decision.delay, decision.note)
     _record(ctx, event_id, endpoint_id, "dead_lettered", job.attempts, attempt.status_code,
-            _error_text(attempt))
+            _error_text(attempt), attempt)
     log.error("webhook delivery given up", extra=fields | {"reason": decision.note,
                                                            "error": attempt.error})
     return DeadLetter(decision.note)
 
 
 def _record(ctx, event_id: str, endpoint_id: str, status: str, attempts: int,
-            status_code: int | None, error: str | None) -> None:
+            status_code: int | None, error: str | None,
+            attempt: webhooks.Attempt | None = None) -> None:
+    """The delivery's outcome, with what ``attempt`` (None: none was made)
+    says about the endpoint (``backoff.said``), in one statement."""
     with ctx.pool.connection() as conn:
-        conn.execute(Q["webhook_record_attempt"], {
+        row = conn.execute(Q["webhook_attempt_end"], {
             "event_id": event_id, "endpoint_id": endpoint_id, "status": status,
             "attempts": attempts, "status_code": status_code,
-            "error": error[:2000] if error else None})
+            "error": error[:2000] if error else None,
+            "said": backoff.said(attempt) if attempt is not None else None,
+            **backoff.END_PARAMS}).fetchone()
+    backoff.noted(endpoint_id, row)
 
 
 def _error_text(attempt: webhooks.Attempt) -> str:

@@ -8,10 +8,13 @@ charge leaves its intent where it was (design page, "Timers assert nothing").
 Every transition is one transaction and a compare-and-swap on the current
 status: a second call, a racing worker or a re-run after a crash matches no
 row and answers "nothing to do", and no status moves backwards. Each
-transition writes exactly one event, born with its ``fanout:<event_id>``
-webhook job in the same transaction, under an id that is a pure function of
-the transition (``event_id_of``): written again on another timeline of the
-database after a failover, it reaches the merchant under the same id.
+transition writes exactly one event, born with its deliveries (a
+``webhook_deliveries`` row and a ``deliver:<event_id>:<endpoint_id>`` job per
+enabled endpoint that receives it) in the same transaction, under an id that
+is a pure function of the transition (``event_id_of``): written again on
+another timeline of the database after a failover, it reaches the merchant
+under the same id. A charge's settle, the transition on every payment's
+path, is one statement (``charge_settle``; issue 30).
 Amounts are integers in minor units.
 
 The rules a charge shares with every polled operation (the ladder, the
@@ -37,7 +40,7 @@ from vpay.engine import queue
 from vpay.money.currency import CURRENCIES
 from vpay.money.ids import event_id, new_id, new_rail_reference
 from vpay.money.pollable import FIRST_POLL_SECONDS, Pollable, Settled
-from vpay.base.logs import committed
+from vpay.base.logs import after_commit, committed
 from vpay.base.queries import Q
 from vpay.rails.port import KNOWN_RAILS, ChargeRequest, Rail, RailStatus, StatusKind, resend_safe
 
@@ -93,11 +96,13 @@ def validate(merchant_id: str, amount: Any, currency: Any, rail: Any, payer: Any
 
 def emit_event(conn: psycopg.Connection, type_: str, intent: dict[str, Any],
                charge: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write one event and its ``fanout:<event_id>`` job, in one statement
-    (``insert_event``); no job when the merchant has no enabled webhook
-    endpoint at this moment (docs/webhooks.md). Call inside the transition's
-    transaction so that the event and its delivery are born together
-    (webhooks: fan-out). A ``payment_intent.payment_failed`` (the
+    """Write one event and its deliveries, in one statement
+    (``insert_event``): a ``webhook_deliveries`` row and a
+    ``deliver:<event_id>:<endpoint_id>`` job per endpoint of the merchant
+    enabled at this moment that receives the event's type; none when the
+    merchant has none (docs/webhooks.md, "Who gets an event"). Call inside
+    the transition's transaction so that the event and its deliveries are
+    born together. A ``payment_intent.payment_failed`` (the
     charge's) or ``refund.failed`` (``extra["refund"]``'s) event also says
     ``failure_code`` and ``failure_kind`` at the top of its data:
     ``configuration`` for ``rail_configuration_refused``, so that no webhook
@@ -114,7 +119,8 @@ def emit_event(conn: psycopg.Connection, type_: str, intent: dict[str, Any],
     (logged at warning: on one timeline every transition's compare-and-swap
     lets it happen once, so this means the database was restored or written
     around the state machine). Raises ``RuntimeError`` when the row found
-    is another type or intent (a hash collision: ``vpay.money.ids``)."""
+    is another type or intent (a hash collision: ``vpay.money.ids``).
+    ``_settle_in_one`` keeps all of these rules for a charge's settle."""
     data = {"object": intent_view(intent), "charge": charge_view(charge), **(extra or {})}
     failed = {"payment_intent.payment_failed": charge,
               "refund.failed": (extra or {}).get("refund") or {}}.get(type_)
@@ -412,17 +418,45 @@ def show(conn: psycopg.Connection, some_id: str) -> dict[str, Any] | None:
                         "expired": e["data"].get("expired")} for e in events]}
 
 
-def _settle_intent(conn: psycopg.Connection, charge: dict[str, Any], event_type: str) -> None:
-    """The rest of a charge's settle, in its transaction: the intent follows
-    (unless it moved on its own, e.g. canceled: kept, the merchant is still
-    told) and ``event_type`` is written with its fan-out job."""
-    intent_status = "succeeded" if charge["status"] == "succeeded" else "requires_payment_method"
-    with conn.cursor(row_factory=dict_row) as cur:
-        intent = cur.execute(Q["settle_intent"], {"id": charge["payment_intent_id"],
-                                                  "status": intent_status}).fetchone()
-        if intent is None:
-            intent = cur.execute(Q["load_intent"], {"id": charge["payment_intent_id"]}).fetchone()
-    emit_event(conn, event_type, intent, charge)
+REFUSED = "VP001"
+"""SQLSTATE of ``vpay_refuse`` (sql/0027_settle_in_one.sql): a one-statement
+write refused what only a bug or a hash collision can make."""
+
+
+def _settle_in_one(conn: psycopg.Connection, charge_id: str, status: str, failure_code: str | None,
+                   rail_transaction_id: str | None, polled: bool) -> dict[str, Any] | None:
+    """A charge's settle as ONE statement (``charge_settle``; issue 30): the
+    status CAS, the intent following it (``succeeded``, or
+    ``requires_payment_method`` for a failure; an intent that moved on its
+    own is kept, the merchant is still told), the one event of the
+    transition (``event_id_of``; a ``payment_intent.payment_failed`` with
+    ``failure_code`` and ``failure_kind``, as ``emit_event`` writes them)
+    and its deliveries. ``polled``: stamp the status read too
+    (``pollable.record_poll``). Answers ``{id, payment_intent_id, status,
+    failure_code, events, deliveries}``, or ``None`` when the CAS matched
+    nothing. An event id that exists already for this transition writes no
+    second event (logged at warning, as ``emit_event``); one taken by
+    another transition raises ``RuntimeError`` and writes nothing."""
+    event_type = CHARGES.events[status]
+    event_id = event_id_of(event_type, {"id": charge_id})
+    params = {"id": charge_id, "status": status, "failure_code": failure_code,
+              "rail_transaction_id": rail_transaction_id, "polled": polled,
+              "intent_status": "succeeded" if status == "succeeded" else "requires_payment_method",
+              "event_id": event_id, "event_type": event_type,
+              "failure_kind": misconfiguration.failure_kind(failure_code) if status == "failed" else None}
+    try:
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(Q["charge_settle"], params).fetchone()
+    except psycopg.Error as exc:
+        if getattr(exc, "sqlstate", None) == REFUSED:
+            raise RuntimeError(exc.diag.message_primary or str(exc)) from None
+        raise
+    if row is not None and not row["events"]:
+        extra = {"event_id": event_id, "type": event_type, "payment_intent": row["payment_intent_id"],
+                 "charge_id": charge_id}
+        after_commit(conn, lambda: log.warning(
+            "event already written: the same transition again, kept once", extra=extra))
+    return row
 
 
 def _schedule_resubmit(ctx, rail: Rail, charge: dict[str, Any]) -> None:
@@ -460,7 +494,7 @@ CHARGES = Pollable(
     unresolved_alert="charge_unresolved",
     load=load_charge,
     read_status=_read_status,
-    apply=_settle_intent,
+    settle_in_one=_settle_in_one,
     alert_refs=lambda charge: {"charge_id": charge["id"]},
     details=lambda charge: {"payment_intent": charge["payment_intent_id"]},
     resend=_schedule_resubmit,

@@ -99,7 +99,15 @@ class Pollable:
       port method (``Rail.status``, ``Rail.refund_status``).
     * ``apply(conn, row, event_type)``: the rest of a settle, inside its
       transaction (``row`` is the settled row): write ``event_type`` with
-      its fan-out job, and anything the settle moves besides the row.
+      its deliveries (``vpay.money.charges.emit_event``), and anything the
+      settle moves besides the row. Or, instead of ``apply``:
+    * ``settle_in_one(conn, id, status, failure_code, rail_transaction_id,
+      polled)``: the whole settle as ONE statement (the CAS, what moves with
+      it, the event and its deliveries; issue 30: a charge's, the settle on
+      every payment's path): answers the settled row, or ``None`` when the
+      CAS matched nothing. ``polled``: a status read said so, and the row's
+      read is stamped in the same statement (``record_poll``). Exactly one of
+      ``apply`` and ``settle_in_one`` is given (``ValueError`` otherwise).
     * ``alert_refs(row)``: the alert's ``charge_id`` and ``refund_id``.
     * ``details(row)``: keys put first in every alert's ``details``.
     * ``resend(ctx, rail, row)``: the rail answered NOT_FOUND for a row whose
@@ -122,13 +130,18 @@ class Pollable:
     unresolved_alert: str
     load: Callable[[psycopg.Connection, str], Row | None]
     read_status: Callable[[Rail, Row], RailStatus]
-    apply: Callable[[psycopg.Connection, Row, str], None]
     alert_refs: Callable[[Row], Mapping[str, str | None]]
     resend: Callable[[Any, Rail, Row], Outcome | None]
+    apply: Callable[[psycopg.Connection, Row, str], None] | None = None
+    settle_in_one: Callable[..., Row | None] | None = None
     details: Callable[[Row], Mapping[str, Any]] = lambda row: {}
     clocks: Callable[[psycopg.Connection, Any, Row], tuple[float, ...]] = _no_clocks
     settle_where: str = "settle"
     kill_points: tuple[str, str] = ("", "")
+
+    def __post_init__(self) -> None:
+        if (self.apply is None) == (self.settle_in_one is None):
+            raise ValueError(f"a Pollable ({self.kind}) settles by apply or by settle_in_one: exactly one")
 
     def job_key(self, item_id: str) -> str:
         """The poll job's dedupe key: ``<kind>:<id>``."""
@@ -181,11 +194,15 @@ def final_status(kind: StatusKind) -> str:
 
 
 def settle(conn: psycopg.Connection, p: Pollable, item_id: str, kind: StatusKind, *,
-           failure_code: str | None = None, rail_transaction_id: str | None = None) -> Settled:
-    """Move a live row to its terminal state, in one transaction, with
-    ``p.apply`` writing its one event (``p.events``): ``SUCCEEDED`` →
-    ``succeeded``; ``FAILED`` → ``failed`` (``failure_code`` kept, default
-    ``unknown``).
+           failure_code: str | None = None, rail_transaction_id: str | None = None,
+           polled: bool = False) -> Settled:
+    """Move a live row to its terminal state, in one transaction, with its
+    one event (``p.events``): ``SUCCEEDED`` → ``succeeded``; ``FAILED`` →
+    ``failed`` (``failure_code`` kept, default ``unknown``). By
+    ``p.settle_in_one`` (one statement) when the operation has it, else the
+    CAS and ``p.apply`` in a transaction. ``polled``: a status read answered
+    this (the poll handler), so the read is stamped too (``record_poll``,
+    the rail knew the reference), in the same statement where it can be.
 
     A compare-and-swap on the status: a row already terminal is not changed
     (``transitioned`` False); if it ended the other way the rail has
@@ -196,22 +213,39 @@ def settle(conn: psycopg.Connection, p: Pollable, item_id: str, kind: StatusKind
     """
     status = final_status(kind)
     code = (failure_code or "unknown") if status == "failed" else None
-    with committed(conn), conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(_query("pollable_settle", p.table), {
-            "id": item_id, "status": status, "failure_code": code,
-            "rail_transaction_id": rail_transaction_id}).fetchone()
+    if p.settle_in_one is not None:
+        row = p.settle_in_one(conn, item_id, status, code, rail_transaction_id, polled)
         if row is None:
-            current = cur.execute(_query("pollable_current", p.table), {"id": item_id}).fetchone()
-            if current is None:
-                raise LookupError(f"no {p.noun} {item_id}")
-            if current["status"] in SETTLED and current["status"] != status:
-                note_contradiction(conn, p, current, status, code, where=p.settle_where)
-                return Settled(False, current["status"], contradiction=True)
-            return Settled(False, current["status"])
-        p.apply(conn, row, p.events[status])
+            if polled:
+                record_poll(conn, p, item_id, True)
+            return _not_settled(conn, p, item_id, status, code)
+    else:
+        with committed(conn), conn.cursor(row_factory=dict_row) as cur:
+            if polled:
+                record_poll(conn, p, item_id, True)
+            row = cur.execute(_query("pollable_settle", p.table), {
+                "id": item_id, "status": status, "failure_code": code,
+                "rail_transaction_id": rail_transaction_id}).fetchone()
+            if row is None:
+                return _not_settled(conn, p, item_id, status, code)
+            p.apply(conn, row, p.events[status])
     extra = p.ids(row) | {"status": status, "failure_code": code}
     after_commit(conn, lambda: log.info(f"{p.noun} settled", extra=extra))
     return Settled(True, status)
+
+
+def _not_settled(conn: psycopg.Connection, p: Pollable, item_id: str, status: str,
+                 code: str | None) -> Settled:
+    """The settle's CAS matched nothing: what is there instead (a no-op, a
+    contradiction alerted, or ``LookupError`` for an unknown id)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        current = cur.execute(_query("pollable_current", p.table), {"id": item_id}).fetchone()
+    if current is None:
+        raise LookupError(f"no {p.noun} {item_id}")
+    if current["status"] in SETTLED and current["status"] != status:
+        note_contradiction(conn, p, current, status, code, where=p.settle_where)
+        return Settled(False, current["status"], contradiction=True)
+    return Settled(False, current["status"])
 
 
 def note_contradiction(conn: psycopg.Connection, p: Pollable, row: Row, rail_says: str,

@@ -1,17 +1,26 @@
 """Every rail call counted, timed and logged in one place: the ``rail_call``
 decorator the adapters put on each port method (docs/observability.md,
 ``vpay_rail_requests_total``, ``vpay_rail_request_seconds``), and stored as
-one ``rail_calls`` row when the process has set a recorder (the worker and
-each API worker process do: ``set_recorder(database_recorder(pool))`` in
-``vpay.cli.worker`` and ``vpay.cli.api``; the console's payment timeline
-reads them)."""
+one ``rail_calls`` row when the process has set a recorder (the console's
+payment timeline reads them): each API worker process writes its call at
+once (``database_recorder``, in ``vpay.cli.api``: one request-to-pay per
+payment, the request waited on the rail anyway); the worker writes them in
+batches (``BatchedRecorder``, in ``vpay.cli.worker``: one statement for every
+call of the last ``FLUSH_SECONDS``, instead of a round trip per status read;
+issue 30)."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
+import threading
 import time
 from typing import Callable
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import PoolTimeout
 
 from vpay.base.metrics import RAIL_REQUESTS, RAIL_SECONDS
 from vpay.rails.port import RailPaused
@@ -25,9 +34,13 @@ def set_recorder(recorder: Callable[[dict], None] | None) -> None:
     """Give every rail call of this process to ``recorder(call)`` (None: stop).
     ``call`` is ``{rail, operation, reference, charge_id, refund_id,
     http_status, answer, reason, latency_ms, paused_seconds}``
-    (``paused_seconds``: the pause a 429/503 with Retry-After imposed, else None)."""
+    (``paused_seconds``: the pause a 429/503 with Retry-After imposed, else None).
+    A recorder replaced that has a ``close`` (``BatchedRecorder``) is closed:
+    what it still held is written first."""
     global _recorder
-    _recorder = recorder
+    old, _recorder = _recorder, recorder
+    if old is not None and old is not recorder and hasattr(old, "close"):
+        old.close()
 
 
 def database_recorder(pool) -> Callable[[dict], None]:
@@ -44,6 +57,138 @@ def database_recorder(pool) -> Callable[[dict], None]:
         except Exception as exc:  # noqa: BLE001 - the record is secondary to the call
             rail_log.warning("rail call not recorded", extra={"error": type(exc).__name__})
     return record
+
+
+FLUSH_SECONDS = 0.5
+"""How long a rail call's row may wait in a ``BatchedRecorder`` before it is
+written (seconds): the console's timeline shows a worker's call at most this
+much (plus one write) after it returned; a worker killed with ``kill -9``
+loses at most this much of its record (a drain writes it all)."""
+
+MAX_PENDING = 10_000
+"""Rows a ``BatchedRecorder`` holds while the database is away: past it the
+oldest is dropped (logged, ``dropped``), so an outage cannot grow the
+worker's memory. At 10,000 a worker's busiest rail lane (a few hundred reads
+a second) keeps about half a minute of its record."""
+
+MAX_BATCH = 1_000
+"""Rows per statement of a ``BatchedRecorder`` write."""
+
+
+class BatchedRecorder:
+    """A recorder (``set_recorder``) that writes ``rail_calls`` rows in
+    batches through ``pool``: a call is queued (no database work on the
+    rail's path), and a thread of its own, started by the first call, writes
+    what is queued every ``flush_seconds`` (``FLUSH_SECONDS``), in one
+    statement per ``MAX_BATCH`` rows (``rail_calls_insert_batch``; each row's
+    ``created_at`` is the database's clock at the call). Best effort, like
+    ``database_recorder``: a batch the database refuses (an error it
+    answered) is logged and dropped; through an outage (no connection, no
+    answer) rows are kept and written when it answers, at most
+    ``max_pending`` (``MAX_PENDING``), the oldest dropped first. ``close()``
+    writes what is left (the drain); thread-safe. ``clock``: monotonic
+    seconds (tests may pass their own). Raises ``ValueError`` for a
+    ``flush_seconds`` not above 0 or a ``max_pending`` below 1."""
+
+    def __init__(self, pool, *, flush_seconds: float = FLUSH_SECONDS, max_pending: int = MAX_PENDING,
+                 clock: Callable[[], float] = time.monotonic):
+        if not flush_seconds > 0 or max_pending < 1:
+            raise ValueError("flush_seconds must be > 0 and max_pending >= 1")
+        self.pool = pool
+        self.flush_seconds = float(flush_seconds)
+        self.max_pending = int(max_pending)
+        self._clock = clock
+        self.dropped = 0
+        """Rows dropped so far: past ``max_pending``, or in a refused batch."""
+        self._rows: collections.deque[tuple[float, dict]] = collections.deque()
+        self._lock = threading.Lock()
+        self._writing = threading.Lock()  # one write at a time: the thread's or a flush()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._overflowing = False
+
+    def __call__(self, call: dict) -> None:
+        row = (self._clock(), call)
+        with self._lock:
+            if self._closed:
+                return
+            self._rows.append(row)
+            over = len(self._rows) > self.max_pending
+            if over:
+                self._rows.popleft()
+                self.dropped += 1
+            first_over, self._overflowing = over and not self._overflowing, over
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="rail-calls", daemon=True)
+                self._thread.start()
+        if first_over:
+            rail_log.warning("rail calls not recorded: too many waiting for the database",
+                             extra={"max_pending": self.max_pending})
+
+    def pending(self) -> int:
+        """Rows queued and not yet written."""
+        with self._lock:
+            return len(self._rows)
+
+    def flush(self, timeout: float = 2.0) -> int:
+        """Write what is queued now; answers the rows written. ``timeout``
+        bounds the wait for a pooled connection. Never raises."""
+        from vpay.base.queries import Q
+
+        with self._writing:
+            with self._lock:
+                rows = list(self._rows)
+                self._rows.clear()
+            written = 0
+            while rows:
+                batch, rows = rows[:MAX_BATCH], rows[MAX_BATCH:]
+                now = self._clock()
+                calls = [{"paused_seconds": None, **call, "age": max(0.0, now - at)} for at, call in batch]
+                try:
+                    with self.pool.connection(timeout=timeout) as conn:
+                        conn.execute(Q["rail_calls_insert_batch"], {"calls": Jsonb(calls)})
+                    written += len(batch)
+                except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+                    self._keep(batch + rows)  # the database is away: written when it answers
+                    rail_log.warning("rail calls not recorded yet: database unavailable",
+                                     extra={"rows": len(batch) + len(rows), "error": type(exc).__name__})
+                    break
+                except Exception as exc:  # noqa: BLE001 - the record is secondary to the calls
+                    with self._lock:
+                        self.dropped += len(batch)
+                    rail_log.warning("rail calls not recorded", extra={"rows": len(batch),
+                                                                       "error": type(exc).__name__})
+            return written
+
+    def _keep(self, rows: list[tuple[float, dict]]) -> None:
+        with self._lock:
+            self._rows.extendleft(reversed(rows))
+            while len(self._rows) > self.max_pending:
+                self._rows.popleft()
+                self.dropped += 1
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread and write what is left (at most ``timeout`` seconds
+        waiting for a connection). Calls after it are not recorded."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout)
+        self.flush(timeout)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.flush_seconds)
+            with self._lock:
+                closed = self._closed
+                self._overflowing = False
+            if closed:
+                return
+            if self.pending():
+                self.flush()
 
 
 CALL_IDS = ("charge_id", "refund_id", "rail_reference", "charge_rail_reference")

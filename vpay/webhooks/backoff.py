@@ -24,7 +24,10 @@ So the endpoint is backed off, not only the delivery (rules applied by
   probe answers (reset) or times out (a longer back-off).
 
 Columns ``webhook_endpoints.timeouts_in_row`` and ``backoff_until``
-(migration 0012); queries in ``sql/queries/endpoint_backoff.sql``.
+(migration 0012). The gate is asked in the statement that reads an attempt's
+context (``webhook_attempt_start``), and an attempt's word on the endpoint is
+written with its outcome (``webhook_attempt_end``), both in
+``sql/queries/webhooks.sql``: two statements per delivery (issue 30).
 """
 
 from __future__ import annotations
@@ -32,10 +35,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import psycopg
-from psycopg.rows import dict_row
-
-from vpay.base.queries import Q
 from vpay.webhooks.transport import Attempt
 
 log = logging.getLogger("vpay.webhooks")
@@ -63,32 +62,35 @@ def timed_out(attempt: Attempt) -> bool:
         attempt.error.startswith(("timeout", "connect timeout"))
 
 
-def gate(conn: psycopg.Connection, endpoint_id: str, probe_seconds: float) -> Gate:
-    """Ask before a POST to ``endpoint_id``. ``probe_seconds`` is how long a
-    probe holds a backed-off endpoint (one attempt's whole deadline). Writes
-    ``backoff_until`` only when this delivery becomes the probe."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["endpoint_backoff_gate"], {"endpoint_id": endpoint_id,
-                                                       "probe_seconds": float(probe_seconds)}).fetchone()
+def gate(row: dict) -> Gate:
+    """The gate from an attempt's start (``webhook_attempt_start``'s
+    ``wait_seconds`` and ``probe``; that statement wrote ``backoff_until`` only
+    when this delivery became the probe)."""
+    return Gate(float(row.get("wait_seconds") or 0.0), bool(row.get("probe")))
+
+
+def said(attempt: Attempt) -> str:
+    """What ``attempt`` says about its endpoint, for ``webhook_attempt_end``:
+    ``timed_out`` (back it off) or ``answered`` (clear a back-off)."""
+    return "timed_out" if timed_out(attempt) else "answered"
+
+
+END_PARAMS = {"base_seconds": BASE_SECONDS, "cap_seconds": CAP_SECONDS}
+"""The back-off's bounds, as ``webhook_attempt_end`` takes them."""
+
+
+def noted(endpoint_id: str, row: tuple | None) -> float | None:
+    """Log what ``webhook_attempt_end`` did to the endpoint (``row``: its
+    ``timeouts_in_row, backoff_until, backoff_seconds, cleared``) and answer
+    the back-off set, in seconds (None when none was)."""
     if row is None:
-        return Gate(0.0)
-    return Gate(float(row["wait_seconds"] or 0.0), bool(row["probe"]))
-
-
-def note(conn: psycopg.Connection, endpoint_id: str, attempt: Attempt) -> float | None:
-    """Record what ``attempt`` says about the endpoint: a timeout backs it
-    off (answers the back-off in seconds), anything else clears a back-off
-    (answers None)."""
-    if timed_out(attempt):
-        row = conn.execute(Q["endpoint_timed_out"], {"endpoint_id": endpoint_id,
-                                                     "base_seconds": BASE_SECONDS,
-                                                     "cap_seconds": CAP_SECONDS}).fetchone()
-        if row is None:
-            return None
+        return None
+    timeouts, until, seconds, cleared = row
+    if until is not None:
         log.warning("webhook endpoint backed off: it is timing out", extra={
-            "endpoint_id": endpoint_id, "timeouts_in_row": row[0],
-            "backoff_until": row[1].isoformat(), "backoff_seconds": round(row[2], 1)})
-        return float(row[2])
-    if conn.execute(Q["endpoint_answered"], {"endpoint_id": endpoint_id}).fetchone() is not None:
+            "endpoint_id": endpoint_id, "timeouts_in_row": timeouts,
+            "backoff_until": until.isoformat(), "backoff_seconds": round(seconds, 1)})
+        return float(seconds)
+    if cleared:
         log.info("webhook endpoint answering again: back-off cleared", extra={"endpoint_id": endpoint_id})
     return None

@@ -1,6 +1,6 @@
 """One HTTP delivery attempt: pinned to a checked address, bounded in time and size.
 
-* **Timeouts**: connect 5 s, read 15 s (per socket read, as ``requests``
+* **Timeouts**: connect 5 s, read 15 s (per socket read, as urllib3
   means it), configurable by ``VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS`` and
   ``VPAY_WEBHOOK_READ_TIMEOUT_SECONDS``; and a whole-attempt deadline of
   connect + 2 x read enforced by ``vpay.base.http_deadline.Deadline`` (a watchdog
@@ -9,6 +9,12 @@
   body is read at most ``MAX_RESPONSE_BYTES`` (64 KiB).
 * Redirects are never followed; environment proxies and ``.netrc`` are
   ignored (they would bypass the URL policy).
+* One attempt is one urllib3 connection pool of one connection, to the
+  checked address, on the deadline-aware pool classes
+  (``vpay.base.http_deadline.WATCHED_POOLS``): no ``requests`` session per
+  attempt. ``requests`` added nothing an attempt uses (no cookies, no
+  redirects, no proxies, no auth) and cost about half of an attempt's CPU
+  (issue 30).
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-import requests
-from requests.adapters import HTTPAdapter
-from urllib3.exceptions import NewConnectionError
+import urllib3
+from requests.certs import where as default_ca_bundle
+from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionError, ReadTimeoutError,
+                                SSLError)
 
 from vpay.base.settings import env_seconds
-from vpay.base.http_deadline import WATCHED_POOLS, Deadline, parse_retry_after
+from vpay.base.http_deadline import WatchedHTTPPool, WatchedHTTPSPool, Deadline, parse_retry_after
 from vpay.webhooks.policy import UrlRefused, check_url
 
 __all__ = ["Attempt", "CONNECT_TIMEOUT_ENV", "MAX_RESPONSE_BYTES", "READ_TIMEOUT_ENV", "attempt_deadline",
@@ -49,7 +56,7 @@ def timeouts(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
 
 
 def attempt_deadline(connect: float, read: float) -> float:
-    """Seconds one attempt may take in all: connect + 2 x read. ``requests``'
+    """Seconds one attempt may take in all: connect + 2 x read. urllib3's
     read timeout bounds each socket read, not the response; this bounds the
     whole attempt so a slow-dripping receiver cannot hold a claim loop."""
     return connect + 2 * read
@@ -90,12 +97,12 @@ _ssl_lock = threading.Lock()
 
 
 def _ssl_context(verify: bool | str) -> ssl.SSLContext:
-    # Our own context, never requests' shared one: urllib3 turns
-    # check_hostname off on the context it is given when it checks the
-    # hostname itself (assert_hostname), which pinning needs.
-    # Trust: requests' bundle (certifi) by default, like any requests call;
+    # Our own context, one per trust store, kept: urllib3 matches the
+    # certificate's name itself (assert_hostname), which pinning needs, so
+    # the context's own check is off.
+    # Trust: requests' bundle (certifi) by default, as every rail call's;
     # a CA file when ``verify`` names one (tests).
-    key = verify if isinstance(verify, str) else requests.certs.where()
+    key = verify if isinstance(verify, str) else default_ca_bundle()
     with _ssl_lock:
         ctx = _ssl_contexts.get(key)
         if ctx is None:
@@ -105,36 +112,20 @@ def _ssl_context(verify: bool | str) -> ssl.SSLContext:
         return ctx
 
 
-class _PinnedAdapter(HTTPAdapter):
-    """Sends to the URL's IP literal (the address the policy checked) while
-    TLS uses the original host for SNI and certificate verification."""
-
-    def __init__(self, server_hostname: str, verify: bool | str):
-        self._server_hostname = server_hostname
-        self._verify = verify
-        super().__init__(max_retries=0)
-
-    def init_poolmanager(self, connections, maxsize, block=False, **pool_kwargs):
-        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
-        self.poolmanager.pool_classes_by_scheme = dict(WATCHED_POOLS)
-
-    def build_connection_pool_key_attributes(self, request, verify, cert=None):
-        host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
-        if host_params["scheme"] == "https":
-            if self._verify is False:
-                pool_kwargs = {"cert_reqs": "CERT_NONE", "assert_hostname": False,
-                               "server_hostname": self._server_hostname}
-            else:
-                pool_kwargs = {"cert_reqs": "CERT_REQUIRED",
-                               "ssl_context": _ssl_context(self._verify),
-                               "server_hostname": self._server_hostname,
-                               "assert_hostname": self._server_hostname}
-        return host_params, pool_kwargs
-
-    def cert_verify(self, conn, url, verify, cert):
-        # Trust is configured on the pool (build_connection_pool_key_attributes);
-        # requests' per-request CA loading would reload it into the shared context.
-        return None
+def _pinned_pool(scheme: str, ip: str, port: int, host: str, connect_timeout: float,
+                 read_timeout: float, verify: bool | str) -> urllib3.HTTPConnectionPool:
+    """A pool of one connection to ``ip`` (the address the policy checked)
+    while TLS uses ``host`` for SNI and certificate verification."""
+    common = {"timeout": urllib3.Timeout(connect=connect_timeout, read=read_timeout), "maxsize": 1,
+              "retries": False}
+    if scheme != "https":
+        return WatchedHTTPPool(ip, port, **common)
+    if verify is False:
+        tls = {"cert_reqs": "CERT_NONE", "assert_hostname": False, "server_hostname": host}
+    else:
+        tls = {"cert_reqs": "CERT_REQUIRED", "ssl_context": _ssl_context(verify),
+               "server_hostname": host, "assert_hostname": host}
+    return WatchedHTTPSPool(ip, port, **common, **tls)
 
 
 def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: float,
@@ -148,7 +139,7 @@ def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: 
     environment proxies are not used, at most ``MAX_RESPONSE_BYTES`` of the
     response are read, and the whole attempt is cut at
     ``attempt_deadline(connect_timeout, read_timeout)`` seconds. ``verify``
-    is ``requests``' (True, or a CA bundle path for tests).
+    is True (requests' trust store, certifi) or a CA bundle path (tests).
     Sources: the issue (webhooks, points 1 and 3); Standard Webhooks, "SSRF".
     """
     started = time.monotonic()
@@ -166,54 +157,45 @@ def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: 
         remaining = deadline - (time.monotonic() - started)
         if remaining <= 0:
             break
-        literal = f"[{ip}]" if ":" in ip else ip
-        pinned = f"{target.scheme}://{literal}:{target.port}{target.request_path}"
-        last = _post_once(pinned, body, send_headers, target.host, connect_timeout,
-                          read_timeout, remaining, verify, started, ip)
+        pool = _pinned_pool(target.scheme, ip, target.port, target.host, connect_timeout, read_timeout,
+                            verify)
+        last = _post_once(pool, target.request_path, body, send_headers, connect_timeout,
+                          read_timeout, remaining, started, ip)
         if not last.error or not last.error.startswith("connect"):
             return last
     return last or Attempt(None, error="timeout: attempt deadline", elapsed=time.monotonic() - started)
 
 
-def _post_once(pinned_url: str, body: bytes, headers: dict[str, str], host: str,
-               connect_timeout: float, read_timeout: float, deadline: float,
-               verify: bool | str, started: float, ip: str) -> Attempt:
-    session = requests.Session()
-    session.trust_env = False  # no proxies or .netrc from the environment: connect where we checked
-    adapter = _PinnedAdapter(host, verify)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
+def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers: dict[str, str],
+               connect_timeout: float, read_timeout: float, deadline: float, started: float,
+               ip: str) -> Attempt:
     watch = Deadline(deadline)
     try:
         with watch:
             try:
-                resp = session.post(pinned_url, data=body, headers=headers,
-                                    timeout=(connect_timeout, read_timeout),
-                                    allow_redirects=False, stream=True, verify=verify)
-            except requests.exceptions.ConnectTimeout:
+                resp = pool.urlopen("POST", path, body=body, headers=headers, redirect=False,
+                                    retries=False, preload_content=False, assert_same_host=False,
+                                    release_conn=False)
+            except NewConnectionError as exc:  # a subclass of ConnectTimeoutError: first
+                # "<connection repr>: Failed to establish …: [Errno 111] …" → the cause
+                return Attempt(None, error=f"connect error: {_short(exc).split(': ')[-1]}",
+                               elapsed=time.monotonic() - started, address=ip)
+            except ConnectTimeoutError:
                 return Attempt(None, error=f"connect timeout after {connect_timeout:g} s",
                                elapsed=time.monotonic() - started, address=ip)
-            except requests.exceptions.ReadTimeout:
+            except ReadTimeoutError:
                 return Attempt(None, error=f"timeout: no response within {read_timeout:g} s",
                                elapsed=time.monotonic() - started, address=ip)
-            except requests.exceptions.SSLError as exc:
+            except SSLError as exc:
                 return Attempt(None, error=f"tls error: {_short(exc)}",
                                elapsed=time.monotonic() - started, address=ip)
-            except requests.exceptions.ConnectionError as exc:
+            except (HTTPError, OSError) as exc:
                 if watch.expired:
                     return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
                                    elapsed=time.monotonic() - started, address=ip)
-                reason = getattr(exc.args[0], "reason", None) if exc.args else None
-                if isinstance(reason, NewConnectionError):
-                    # "<connection repr>: Failed to establish …: [Errno 111] …" → the cause
-                    return Attempt(None, error=f"connect error: {_short(reason).split(': ')[-1]}",
-                                   elapsed=time.monotonic() - started, address=ip)
-                return Attempt(None, error=f"connection error: {_short(reason or exc)}",
+                return Attempt(None, error=f"connection error: {_short(exc)}",
                                elapsed=time.monotonic() - started, address=ip)
-            except requests.exceptions.RequestException as exc:
-                return Attempt(None, error=f"request error: {_short(exc)}",
-                               elapsed=time.monotonic() - started, address=ip)
-            with resp:
+            try:
                 if watch.expired:
                     # The deadline shut the socket while the headers were
                     # still arriving: http.client reads that EOF as the end
@@ -222,21 +204,23 @@ def _post_once(pinned_url: str, body: bytes, headers: dict[str, str], host: str,
                     return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
                                    elapsed=time.monotonic() - started, address=ip)
                 excerpt = _read_excerpt(resp)
-                return Attempt(resp.status_code,
+                return Attempt(resp.status,
                                retry_after=parse_retry_after(resp.headers.get("retry-after"),
                                                              resp.headers.get("date")),
                                elapsed=time.monotonic() - started, body_excerpt=excerpt, address=ip)
+            finally:
+                resp.close()
     finally:
-        session.close()
+        pool.close()
 
 
-def _read_excerpt(resp: requests.Response) -> str:
+def _read_excerpt(resp: urllib3.BaseHTTPResponse) -> str:
     """Read at most MAX_RESPONSE_BYTES of the body (undecoded); the status
     is already known, so a body that fails to arrive changes nothing."""
     got = bytearray()
     try:
         while len(got) < MAX_RESPONSE_BYTES:
-            chunk = resp.raw.read(min(16384, MAX_RESPONSE_BYTES - len(got)), decode_content=False)
+            chunk = resp.read(min(16384, MAX_RESPONSE_BYTES - len(got)), decode_content=False)
             if not chunk:
                 break
             got += chunk
