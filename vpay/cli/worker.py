@@ -47,6 +47,14 @@ log = logging.getLogger("vpay.cli")
               help="Exact claim loops for some lanes, within --worker-concurrency; the other lanes "
                    "share the rest [env VPAY_WORKER_LANE_CONCURRENCY; default split: "
                    "docs/flows/reconciler.md, Lanes].")
+@click.option("--party-share", envvar="VPAY_WORKER_PARTY_SHARE", default=None, metavar="FRACTION",
+              help="The most of a lane's own loops one merchant's jobs may hold at once unless they "
+                   "are known fast (above 0, at most 1) [env VPAY_WORKER_PARTY_SHARE; default 0.5; "
+                   "docs/flows/reconciler.md, A fair share in time].")
+@click.option("--lend/--no-lend", default=None,
+              help="A loop whose own lanes have nothing due takes another lane's due job, one at a "
+                   "time [env VPAY_WORKER_LEND=on|off; default on; docs/flows/reconciler.md, "
+                   "Lending idle loops].")
 @click.option("--metrics-port", type=int, default=None, envvar="VPAY_METRICS_PORT",
               help="Serve Prometheus metrics on this port (/metrics) [default: off; env VPAY_METRICS_PORT].")
 @click.option("--metrics-bind", default="127.0.0.1", show_default=True, envvar="VPAY_METRICS_BIND",
@@ -55,8 +63,8 @@ log = logging.getLogger("vpay.cli")
 @click.pass_context
 def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: float,
            lease_seconds: float, idle_sleep: float, worker_id: str | None, queues: str | None,
-           lane_concurrency: str | None, metrics_port: int | None, metrics_bind: str,
-           level: str | None) -> None:
+           lane_concurrency: str | None, party_share: str | None, lend: bool | None,
+           metrics_port: int | None, metrics_bind: str, level: str | None) -> None:
     """The reconciler worker: claims jobs, polls rails, drains on SIGTERM.
 
     Its --worker-concurrency claim loops are split among the lanes it serves
@@ -101,6 +109,14 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         # because a rail is unconfigured today must not break when it is set.
         lanes.split(worker_concurrency, served, overrides)
     except lanes.LaneError as exc:
+        refuse(str(exc))
+    from vpay.engine import timeshare
+    try:
+        share = timeshare.parse_party_share(
+            *_lane_setting(ctx, "party_share", party_share, "VPAY_WORKER_PARTY_SHARE"))
+        if lend is None:
+            lend = timeshare.parse_lend(os.environ.get("VPAY_WORKER_LEND"), "VPAY_WORKER_LEND (env, for --lend)")
+    except timeshare.TimeShareError as exc:
         refuse(str(exc))
     from vpay.handlers import Context
     from vpay.worker.loop import Worker, WorkerConfig
@@ -178,7 +194,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                           idle_sleep=idle_sleep, queues=served, lane_concurrency=overrides,
                           passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
                           jobs_vacuum_every=jobs_vacuum_every, listener_dead_after=listener_dead_after,
-                          session_url=session_url or url, dead_after=dead_after)
+                          session_url=session_url or url, dead_after=dead_after,
+                          party_share=share, lend=lend)
     from vpay.engine import workers
     from vpay.handlers import ensure_scheduled
     from vpay.webhooks.sealing import check_keys, plaintext_count
@@ -211,11 +228,13 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
 
 
 def _lane_setting(ctx: click.Context, name: str, value: str | None, envvar: str) -> tuple[str | None, str]:
-    """``(value, source)`` of a lane option for ``vpay.engine.lanes``: ``source`` is
-    the flag, or ``ENVVAR (--flag)`` when the value came from the environment,
-    so a refusal names what the operator must fix. click treats a variable set
-    to ``""`` as unset; it is passed on as ``""`` here so it is refused, not
-    silently read as the default."""
+    """``(value, source)`` of a worker option read by ``vpay.engine.lanes``
+    or ``vpay.engine.timeshare`` (lanes, loop counts, the party share):
+    ``source`` is the flag, or ``ENVVAR (--flag)`` when the value came from
+    the environment, so a refusal names what the operator must fix. click
+    treats a variable set to ``""`` as unset; it is passed on as ``""`` here
+    so the parser decides (the lanes refuse it; the party share reads it as
+    its default, like every blank numeric setting)."""
     flag = "--" + name.replace("_", "-")
     source = ctx.get_parameter_source(name)
     if source is click.core.ParameterSource.ENVIRONMENT:
