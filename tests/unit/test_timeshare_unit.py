@@ -339,3 +339,12 @@ def test_a_party_is_one_kind_of_work_for_one_merchant():
     assert ts.admit(2, "webhooks", party_of("deliver", "m_hook"))
     assert not ts.admit(3, "webhooks", party_of("deliver", "m_hook"), borrowed=True)
     assert ts.admit(4, "webhooks", party_of("fanout", "m_hook"), borrowed=True)
+
+
+def test_a_lane_given_an_exact_count_of_loops_is_not_lent_to_but_its_loops_may_borrow():
+    # --lane-concurrency mtn=1 is how an operator limits the calls a worker
+    # makes to a rail (the runbook's "A paused rail"): borrowers would exceed it.
+    loops = lanes.split(4, lanes.LANES, {"mtn": 1}, PASSIVE)
+    ts, _ = _share(loops, fixed=("mtn",))
+    assert ts.plan(("webhooks",))[0] == ("housekeeping",)
+    assert ts.plan(("mtn",))[0] == ("webhooks", "housekeeping")

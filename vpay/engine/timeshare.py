@@ -43,8 +43,11 @@ each claim with what it may take (``plan``):
   first read of a burst is not back yet, keeps its jobs to the lane's own
   loops until it is known fast, so lending cannot put every idle loop on a
   peer that is about to hang. Rail lanes whose rail is not configured here
-  (``passive``: they ride on the housekeeping loop) are never lent to.
-  ``--no-lend`` turns lending off.
+  (``passive``: they ride on the housekeeping loop) are never lent to, nor
+  is a lane given an exact count with ``--lane-concurrency`` (``fixed``):
+  that count is how an operator limits the calls a worker makes to a rail
+  (docs/runbooks/worker-queue.md, "A paused rail"), and borrowers would
+  exceed it. ``--no-lend`` turns lending off.
 
 Everything here is per process and in memory (a restart forgets who was
 fast); the database is never asked. Thread-safe: one lock, held for
@@ -145,7 +148,8 @@ class TimeShare:
 
     ``loops``: the lanes of each claim loop (``lanes.split``). ``share``:
     the party share (0 < share <= 1). ``lend``: lending on. ``passive``:
-    rail lanes not configured here, never lent to. ``fair``: lanes whose
+    rail lanes not configured here, and ``fixed``: lanes given an exact
+    count of loops (``--lane-concurrency``), never lent to. ``fair``: lanes whose
     jobs carry a party (default ``lanes.FAIR_LANES``); jobs of other lanes are
     never capped. ``slow``, ``memory``, ``cooldown`` default to
     ``SLOW_CALL_SECONDS``, ``PARTY_MEMORY_SECONDS``, ``LANE_COOLDOWN_SECONDS``;
@@ -153,7 +157,8 @@ class TimeShare:
     (0, 1]."""
 
     def __init__(self, loops: Sequence[Iterable[str]], share: float = PARTY_SHARE, lend: bool = True,
-                 passive: Iterable[str] = (), fair: Iterable[str] | None = None,
+                 passive: Iterable[str] = (), fixed: Iterable[str] = (),
+                 fair: Iterable[str] | None = None,
                  slow: float = SLOW_CALL_SECONDS, memory: float = PARTY_MEMORY_SECONDS,
                  cooldown: float = LANE_COOLDOWN_SECONDS, clock: Callable[[], float] = time.monotonic):
         if not (math.isfinite(share) and 0 < share <= 1):
@@ -171,9 +176,9 @@ class TimeShare:
         self.fair = frozenset(_lanes.FAIR_LANES if fair is None else fair)
         self.caps = {lane: share_cap(share, n) for lane, n in own.items()}
         """Per lane served: the most jobs of one party not known fast run at once."""
-        passive = set(passive)
+        closed = set(passive) | set(fixed)
         order = {lane: i for i, lane in enumerate(_lanes.LANES)}
-        self.lendable_lanes = tuple(sorted((lane for lane in own if lane not in passive),
+        self.lendable_lanes = tuple(sorted((lane for lane in own if lane not in closed),
                                            key=lambda lane: (order.get(lane, len(order)), lane)))
         """Lanes a loop of another lane may borrow from, in priority order."""
         self._clock = clock

@@ -187,7 +187,7 @@ class Worker:
         self.outcomes.kept = self.kept
         self.loops = config.loops()  # lanes.LaneError on a split that does not fit
         self.timeshare = timeshare.TimeShare(self.loops, config.party_share, config.lend,
-                                             passive=config.passive)
+                                             passive=config.passive, fixed=config.lane_concurrency)
         self.waker = Waker(self.loops, self.timeshare.lendable if config.lend else None)
         self.fairness = fairness.Rebalancer()
         self.listener: Listener | None = None
