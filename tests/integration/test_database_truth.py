@@ -138,11 +138,14 @@ def test_a_drain_after_a_refused_outcome_whose_lease_was_reaped_meanwhile_is_cle
     try:
         queue.enqueue(db, "test.noop", "unwritable")
         wait_until(lambda: worker.leases._unrecorded, timeout=30, what="the refused outcome write")
-        # its lease expires and the job is reaped (and parked, so no loop claims it again)
-        db.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 second' "
-                   "WHERE dedupe_key = 'unwritable'")
-        queue.reap_expired_leases(db)
-        db.execute("UPDATE jobs SET run_at = 'infinity' WHERE dedupe_key = 'unwritable'")
+        # its lease expires and the job is reaped, and parked in the same
+        # transaction: reaped alone it is due, and the loop could claim it
+        # again before the park
+        with db.transaction():
+            db.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 second' "
+                       "WHERE dedupe_key = 'unwritable'")
+            queue.reap_expired_leases(db)
+            db.execute("UPDATE jobs SET run_at = 'infinity' WHERE dedupe_key = 'unwritable'")
     finally:
         signals.stop.set()
         thread.join(60)
