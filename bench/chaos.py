@@ -23,7 +23,8 @@ sizes ⇒ same digest). Payments are created through ``POST
 /v1/payment_intents`` at ``--rate`` per second while the faults strike.
 Then the faults stop (stopped workers continued, killed ones restarted),
 parked jobs are made due (the tests' time machine: ``run_at = now()``, so
-the ladder's minutes pass in seconds), and the run waits, up to
+the ladder's minutes pass in seconds), Daraja's STK callbacks are posted
+in a mixed-rail run (``daraja_callbacks``), and the run waits, up to
 ``--deadline`` seconds, for quiescence. The snapshot is checked by
 ``chaos_checks.run_all``; the report (counts, faults by type, violations
 with ids) is printed and written to ``--report``. Exit 0: no violation;
@@ -142,6 +143,7 @@ class Chaos:
         from vpay.base.secretbox import new_key
         self.secret_keys = os.environ.get("VPAY_SECRET_KEYS", "").strip() or new_key()
         self.new_rail_violations: list[dict] = []
+        self.called_back: set[str] = set()   # Daraja pushes whose STK callback was posted
 
     # ------------------------------------------------------------ setup
 
@@ -617,16 +619,19 @@ class Chaos:
             "SELECT (SELECT count(*) FROM charges WHERE status IN ('pending', 'unresolved') "
             "        AND payer <> ALL(%(forever)s) "
             # A push whose answer was lost on a rail that is not resend-safe
-            # (M-Pesa: docs/flows/mpesa.md, "A lost answer") waits, by design,
-            # for the callback's identifier or the 24 h horizon; the Daraja
-            # double posts no callbacks, so such a charge is expected to wait.
-            "        AND NOT (rail_data ? 'request_sent_at' AND NOT rail_data ? 'checkout_request_id')) "
+            # (M-Pesa: docs/flows/mpesa.md, "A lost answer") waits for the
+            # callback's identifier, which daraja_callbacks posts as Daraja
+            # does, so it must settle. Only a marked send that never reached
+            # Daraja (its process died between the mark and the call) waits,
+            # by design, for the 24 h horizon: nothing can call back about it.
+            "        AND NOT (rail_data ? 'request_sent_at' AND NOT rail_data ? 'checkout_request_id' "
+            "                 AND rail_reference <> ALL(%(pushed)s))) "
             "    AS live_charges, "
             " (SELECT count(*) FROM refunds WHERE status IN ('pending', 'unresolved')) AS live_refunds, "
             " (SELECT count(*) FROM jobs WHERE run_at <> 'infinity' AND (kind IN "
             "        ('fanout', 'deliver', 'resubmit', 'refund_poll') OR (kind = 'poll' AND "
             "        payload->>'charge_id' IN (SELECT id FROM charges WHERE status IN ('succeeded', 'failed')))))"
-            "    AS live_jobs", {"forever": self.forever_payers})[0]
+            "    AS live_jobs", {"forever": self.forever_payers, "pushed": self.daraja_references()})[0]
         out = {k: v for k, v in row.items() if v}
         missing = self.undelivered()
         if missing:
@@ -637,6 +642,34 @@ class Chaos:
         if settled < len(self.plan.payments):
             out["payments_to_create"] = len(self.plan.payments) - settled
         return out
+
+    def daraja_references(self) -> list[str]:
+        """Our references of every STK push the Daraja double received."""
+        if "mpesa" not in self.doubles:
+            return []
+        return [p["reference"] for p in self.doubles["mpesa"].pushes() if p["reference"]]
+
+    def daraja_callbacks(self) -> None:
+        """Daraja's STK callback, once, for every push whose payer decided
+        (approved or declined; a payer who never answers gets none), as
+        Daraja posts it to the push's CallBackURL: a hint that gives vpay the
+        ``CheckoutRequestID`` of a push whose answer it lost (docs/flows/mpesa.md,
+        "A lost answer"). Posted after the faults (here, while waiting for
+        quiescence), so none is lost to a fault: a callback lost in a real
+        outage leaves the charge to the 24-hour horizon and the statement,
+        which a run does not reach. The double's ``notify`` answers the HTTP
+        status (``None``: not sent); a push is called back again next time
+        only when the API did not take it (not 2xx)."""
+        if "mpesa" not in self.doubles:
+            return
+        double = self.doubles["mpesa"]
+        for push in double.pushes():
+            if push["outcome"] == "never" or push["checkout"] in self.called_back:
+                continue
+            status = double.notify(push["checkout"])
+            self.callback_answers[f"mpesa_{status}"] += 1
+            if status is not None and 200 <= status < 300:
+                self.called_back.add(push["checkout"])
 
     def undelivered(self) -> int:
         events = self.db.all("SELECT e.id, i.merchant_id FROM events e "
@@ -654,6 +687,7 @@ class Chaos:
         state: dict = {}
         while time.monotonic() < deadline:
             self.time_machine()
+            self.daraja_callbacks()
             state = self.unquiet()
             calm = calm + 1 if not state else 0
             if calm >= 3:

@@ -307,7 +307,9 @@ def pgbench_script(lanes: bool, combined: bool) -> str:
     subst = {"%(worker)s": "'pgbench'", "%(lease)s": "300", "%(lane)s": "'housekeeping'",
              "%(id)s": ":id", "%(token)s": ":lease_token",
              # vpay's loop sends a uuid4 of its own; pgbench has none to send
-             "%(new_token)s": "gen_random_uuid()"}
+             "%(new_token)s": "gen_random_uuid()",
+             # a loop of one lane alone: nothing to borrow, nobody at a share
+             "%(lent)s": "'{}'", "%(skip)s": "'{}'"}
     nothing_to_finish = {"%(id)s": "NULL", "%(token)s": "NULL"}
 
     def text(name: str, over: dict[str, str] | None = None) -> str:

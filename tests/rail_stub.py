@@ -13,10 +13,19 @@ reference as scripted:
   token issued so far and answers 401 (a token revoked before its
   ``expires_in``), once;
 * otherwise ``SUCCESSFUL`` for the amount and currency given to ``succeed``
-  (default: PENDING).
+  (default: PENDING);
+* ``read_delay``: every status answer waits this many seconds first (a rail
+  that takes 150 ms per read, for the benches).
 
-Every request is logged with the monotonic time it arrived (``at``) and, for
-the throttled one, the time its 429 went out (``answered_at``).
+Every handler sets ``TCP_NODELAY`` (``disable_nagle_algorithm``): an answer
+goes out as two writes (headers, then body), and with Nagle's algorithm the
+second waited for the client's delayed ACK of the first, about 40 ms per
+answer on loopback, which the benches measured as the rail's own latency.
+
+Every request is logged with the monotonic time it arrived (``at``) and the
+time its answer started going out (``answered_at``, taken before the first
+byte is written: no client can have the answer earlier, so a pause it caused
+starts no earlier).
 
 ``HangingRail``: accepts connections and never answers (a stopped rail).
 """
@@ -64,10 +73,12 @@ class _Script:
 
 class MomoStub:
     """``default_outcome``: ``(amount, currency)`` every unscripted
-    reference succeeds with (None: PENDING)."""
+    reference succeeds with (None: PENDING). ``read_delay``: seconds each
+    status answer waits before it is sent (0: at once)."""
 
-    def __init__(self, default_outcome: tuple[str, str] | None = None):
+    def __init__(self, default_outcome: tuple[str, str] | None = None, read_delay: float = 0.0):
         self.default_outcome = default_outcome
+        self.read_delay = read_delay
         self._lock = threading.Lock()
         self.log: list[Logged] = []
         self.trickles: dict[str, list[Trickle]] = {}
@@ -77,6 +88,7 @@ class MomoStub:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # module docstring
 
             def log_message(self, *args):
                 pass
@@ -180,10 +192,13 @@ class MomoStub:
                     "financialTransactionId": "9" * 9, "externalId": "x"}
         if trickle:
             return self._trickle(h, entry, ref, body)
+        if self.read_delay:
+            time.sleep(self.read_delay)
         return self._send(h, entry, 200, body)
 
     def _send(self, h, entry: Logged, status: int, body, headers: dict | None = None) -> None:
         data = b"" if body is None else json.dumps(body).encode()
+        entry.answered_at = time.monotonic()
         try:
             h.send_response(status)
             for k, v in (headers or {}).items():
@@ -195,7 +210,7 @@ class MomoStub:
             h.wfile.flush()
         except OSError:
             pass
-        entry.status, entry.answered_at = status, time.monotonic()
+        entry.status = status
 
     def _trickle(self, h, entry: Logged, ref: str, body: dict) -> None:
         # Padding keeps the body long: at a byte a second it would take minutes.
@@ -269,6 +284,7 @@ class OrangeTrickle:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # as MomoStub's
 
             def log_message(self, *args):
                 pass

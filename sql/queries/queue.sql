@@ -17,6 +17,19 @@ RETURNING id;
 -- lane (jobs_claimable_lane, then jobs_over_share) that stops at the first
 -- row SKIP LOCKED can take; no sort, other lanes' rows never read, and
 -- coalesce runs the second probe only when the first finds nothing.
+-- Jobs of a party at its share in this worker are skipped: %(skip)s holds
+-- 'lane/kind/merchant' keys (vpay/engine/timeshare.py; usually empty, a
+-- filter on the rows the scan reads). When the lane has nothing due for us, the loop
+-- borrows: the oldest due job among the heads of the lanes in %(lent)s (one
+-- ordered probe per lane, as claim_lanes reads placed rows: round 0 first,
+-- then the placed rows; empty: none), so its own lane always comes first
+-- (issue 30, lending idle loops). The lent lanes are read as 8 fixed slots
+-- (queue.LENT_LANES_MAX; an empty slot is NULL and its probe reads nothing),
+-- not unnest(): the planner guesses 10 rows for unnest of a parameter and 0
+-- for an empty literal, so its generic plan looked dearer than a custom one
+-- and every claim was planned afresh (Postgres CPU per no-op job doubled in
+-- bench/peers.py). With fixed slots both plans are the same, and the
+-- prepared statement keeps its generic plan.
 -- With the claim, an optional fenced finish of the job the loop has just
 -- done (id, worker, token): one statement, so one round trip per job while a
 -- loop has work (issue #15). id and token NULL: just a claim (the DELETE
@@ -34,8 +47,8 @@ RETURNING id;
 -- deadlock_timeout, until one failed).
 -- Always one row: finished (false when id is NULL, or when the lease
 -- was no longer ours: lost; the claim happens anyway), the job's columns (all
--- NULL when nothing is due), late_by (seconds past its run_at) and
--- next_due_in.
+-- NULL when nothing is due), late_by (seconds past its run_at), fair_key
+-- (the job's party) and next_due_in.
 WITH finished AS (
     -- the optional fenced finish: matches nothing when id is NULL
     DELETE FROM jobs
@@ -53,24 +66,50 @@ WITH finished AS (
                  (SELECT id FROM jobs
                    WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
                      AND share_round = 0 AND run_at <= now()
+                     AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
                    ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
                  (SELECT id FROM jobs
                    WHERE lane = %(lane)s AND locked_at IS NULL AND run_at <> 'infinity'
                      AND share_round > 0 AND run_at <= now()
-                   ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED))
+                     AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
+                   ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+                 -- borrowed: only when our own lane has nothing due for us
+                 (SELECT head.id
+                    FROM (SELECT (%(lent)s::text[])[i] FROM generate_series(1, 8) AS slot(i)) AS lent(lane)
+                   CROSS JOIN LATERAL (
+                         SELECT id, run_at FROM jobs
+                          WHERE lane = lent.lane AND locked_at IS NULL AND run_at <> 'infinity'
+                            AND share_round = 0 AND run_at <= now()
+                            AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
+                          -- "lane," is the lane index's order: never a walk of
+                          -- jobs_claimable through other lanes' backlogs
+                          ORDER BY lane, run_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
+                   ORDER BY head.run_at LIMIT 1),
+                 (SELECT head.id
+                    FROM (SELECT (%(lent)s::text[])[i] FROM generate_series(1, 8) AS slot(i)) AS lent(lane)
+                   CROSS JOIN LATERAL (
+                         SELECT id, share_round, run_at FROM jobs
+                          WHERE lane = lent.lane AND locked_at IS NULL AND run_at <> 'infinity'
+                            AND share_round > 0 AND run_at <= now()
+                            AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
+                          ORDER BY lane, share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
+                   ORDER BY head.share_round, head.run_at LIMIT 1))
     RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
-              extract(epoch FROM now() - run_at)::float8 AS late_by
+              extract(epoch FROM now() - run_at)::float8 AS late_by, fair_key
 )
 SELECT done.finished, claimed.*,
-       -- only when nothing was claimed: seconds until the next job of these
-       -- lanes is due (NULL: none scheduled), so the loop sleeps until then
+       -- only when nothing was claimed: seconds until the next job of our
+       -- own lane is due that we may take (NULL: none scheduled), so the
+       -- loop sleeps until then; borrowed lanes wake it by notification
        CASE WHEN claimed.id IS NULL THEN
             extract(epoch FROM least(
                 (SELECT min(run_at) FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round = 0),
+                    AND run_at <> 'infinity' AND share_round = 0
+                    AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))),
                 -- placed rows are due: any one says so (another claim holds it)
                 (SELECT run_at FROM jobs WHERE lane = %(lane)s AND locked_at IS NULL
                     AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
+                    AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
                   LIMIT 1)) - now())::float8
        END AS next_due_in
   -- finish first, then claim (header of claim_lane)
@@ -80,11 +119,12 @@ SELECT done.finished, claimed.*,
 -- name: claim_lanes
 -- The same fair choice across several lanes (a loop that shares lanes: fewer
 -- loops than lanes), with the same optional fenced finish (id NULL: just a
--- claim). jobs_claimable (run_at) walks due rows in order and filters on the
--- lane; an ordered scan of (lane, run_at) cannot serve lane = ANY(...) ORDER
--- BY run_at. For placed rows, each lane's head is one ordered probe (its row
--- stays locked for this statement's moment, so a sibling skips it) and the
--- lowest head is taken. The same one row as claim_lane.
+-- claim), party skips and borrowed lanes as claim_lane. jobs_claimable
+-- (run_at) walks due rows in order and filters on the lane; an ordered scan
+-- of (lane, run_at) cannot serve lane = ANY(...) ORDER BY run_at. For placed
+-- rows, each lane's head is one ordered probe (its row stays locked for this
+-- statement's moment, so a sibling skips it) and the lowest head is taken.
+-- The same one row as claim_lane.
 WITH finished AS (
     -- the optional fenced finish: matches nothing when id is NULL
     DELETE FROM jobs
@@ -102,6 +142,7 @@ WITH finished AS (
                  (SELECT id FROM jobs
                    WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL AND run_at <> 'infinity'
                      AND share_round = 0 AND run_at <= now()
+                     AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
                    ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED),
                  -- the head of each lane's placed rows (an ordered probe each), then
                  -- the lowest of those: never a sort of a whole placed backlog
@@ -111,26 +152,66 @@ WITH finished AS (
                          SELECT id, share_round, run_at FROM jobs
                           WHERE lane = served.lane AND locked_at IS NULL AND run_at <> 'infinity'
                             AND share_round > 0 AND run_at <= now()
+                            AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
                           ORDER BY share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
+                   ORDER BY head.share_round, head.run_at LIMIT 1),
+                 -- borrowed: only when our own lanes have nothing due for us
+                 (SELECT head.id
+                    FROM (SELECT (%(lent)s::text[])[i] FROM generate_series(1, 8) AS slot(i)) AS lent(lane)
+                   CROSS JOIN LATERAL (
+                         SELECT id, run_at FROM jobs
+                          WHERE lane = lent.lane AND locked_at IS NULL AND run_at <> 'infinity'
+                            AND share_round = 0 AND run_at <= now()
+                            AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
+                          -- "lane," is the lane index's order: never a walk of
+                          -- jobs_claimable through other lanes' backlogs
+                          ORDER BY lane, run_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
+                   ORDER BY head.run_at LIMIT 1),
+                 (SELECT head.id
+                    FROM (SELECT (%(lent)s::text[])[i] FROM generate_series(1, 8) AS slot(i)) AS lent(lane)
+                   CROSS JOIN LATERAL (
+                         SELECT id, share_round, run_at FROM jobs
+                          WHERE lane = lent.lane AND locked_at IS NULL AND run_at <> 'infinity'
+                            AND share_round > 0 AND run_at <= now()
+                            AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
+                          ORDER BY lane, share_round, run_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
                    ORDER BY head.share_round, head.run_at LIMIT 1))
     RETURNING id, kind, lane, dedupe_key, payload, attempts, failures, lease_token, run_at, created_at,
-              extract(epoch FROM now() - run_at)::float8 AS late_by
+              extract(epoch FROM now() - run_at)::float8 AS late_by, fair_key
 )
 SELECT done.finished, claimed.*,
-       -- only when nothing was claimed: seconds until the next job of these
-       -- lanes is due (NULL: none scheduled), so the loop sleeps until then
+       -- only when nothing was claimed: seconds until the next job of our
+       -- own lanes is due that we may take (NULL: none scheduled), so the
+       -- loop sleeps until then; borrowed lanes wake it by notification
        CASE WHEN claimed.id IS NULL THEN
             extract(epoch FROM least(
                 (SELECT min(run_at) FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
-                    AND run_at <> 'infinity' AND share_round = 0),
+                    AND run_at <> 'infinity' AND share_round = 0
+                    AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))),
                 -- placed rows are due: any one says so (another claim holds it)
                 (SELECT run_at FROM jobs WHERE lane = ANY(%(lanes)s) AND locked_at IS NULL
                     AND run_at <> 'infinity' AND share_round > 0 AND run_at <= now()
+                    AND (fair_key IS NULL OR lane || '/' || kind || '/' || fair_key <> ALL(%(skip)s::text[]))
                   LIMIT 1)) - now())::float8
        END AS next_due_in
   -- finish first, then claim (header of claim_lane)
   FROM (SELECT EXISTS (SELECT 1 FROM finished) AS finished OFFSET 0) AS done
   LEFT JOIN claimed ON true;
+
+-- name: unclaim
+-- Give back a job just claimed, without running it: its party was already
+-- at its share in this worker when the claim came back (two loops claimed
+-- for the same party at once; vpay/engine/timeshare.py). Fenced on the
+-- lease like every write that ends one; the claim's attempt is given back
+-- (nothing was tried), the failure streak and run_at are left alone, so the
+-- job keeps its place and is claimable at once (the wake trigger tells an
+-- idle loop, whose claim skips that party while it is at its share).
+UPDATE jobs
+   SET attempts = greatest(attempts - 1, 0),
+       locked_by = NULL, locked_at = NULL, lease_token = NULL, lease_expires_at = NULL,
+       ended_token = %(token)s
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+RETURNING id;
 
 -- name: finish
 DELETE FROM jobs

@@ -240,3 +240,82 @@ def test_a_dead_after_setting_that_cannot_be_meant_is_refused_at_boot_with_78(db
     assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
     assert "VPAY_WORKER_DEAD_AFTER_SECONDS" in res.stderr and res.stderr.count("\n") == 1
     assert db.execute("SELECT count(*) FROM workers").fetchone()[0] == 0  # booted nothing
+
+
+def test_a_second_process_under_a_live_workers_id_is_refused_with_78_and_a_crashed_ones_id_is_taken(
+        db, db_url, spawn):
+    first = _worker(spawn, db_url, "same-id")
+    first.wait_for_log("worker started")
+    res = subprocess.run([script("vpay-worker"), "--worker-id", "same-id", "--queues", "housekeeping"],
+                         env=base_env(db_url), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "'same-id' is live in another process" in res.stderr and res.stderr.count("\n") == 1
+    assert _workers_list(db_url)["same-id"]["pid"] == first.pid  # the first keeps its row
+    first.signal(signal.SIGKILL)
+    first.wait(30)
+    again = _worker(spawn, db_url, "same-id")  # systemd's restart after a crash: same id at once
+    again.wait_for_log("worker started")
+    assert _workers_list(db_url)["same-id"]["pid"] == again.pid
+    again.signal(signal.SIGTERM)
+    assert again.wait(60) == 0, again.text()[-3000:]
+
+
+def _row(db, wid: str):
+    return db.execute("SELECT host, pid, state FROM worker_states WHERE id = %s", (wid,)).fetchone()
+
+
+def test_a_second_process_under_the_id_of_a_frozen_worker_on_this_host_is_refused_with_78(db, db_url, spawn):
+    # Frozen past its bound, the first is dead by its heartbeat, but its pid
+    # still runs a vpay-worker: it comes back with SIGCONT. The second used
+    # to start, and both claimed as the same id.
+    first = _worker(spawn, db_url, "frozen-id", VPAY_WORKER_DEAD_AFTER_SECONDS=DEAD_AFTER)
+    first.wait_for_log("worker started", timeout=60)
+    first.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: _row(db, "frozen-id")[2] == "dead", timeout=60,
+                   what="the frozen worker to be dead by its heartbeat")
+        res = subprocess.run([script("vpay-worker"), "--worker-id", "frozen-id", "--queues", "housekeeping"],
+                             env=base_env(db_url, VPAY_WORKER_DEAD_AFTER_SECONDS=DEAD_AFTER),
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
+        [line] = res.stderr.splitlines()
+        assert f"'frozen-id' is held by a vpay-worker still running on this host (pid {first.pid}, " \
+               f"dead by its heartbeat" in line
+        assert _row(db, "frozen-id")[1] == first.pid  # the first keeps its row
+    finally:
+        first.signal(signal.SIGCONT)
+    wait_until(lambda: _row(db, "frozen-id")[2] == "live", timeout=60, what="the first to beat again")
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.text()[-3000:]
+    assert not first.find("worker id taken over by another process; stopping")
+
+
+def test_a_worker_whose_id_was_taken_over_while_frozen_stops_and_exits_1_when_it_wakes(db, db_url, spawn):
+    # Frozen past its bound on "another host" (the row's host is changed
+    # while it is stopped: the takeover refuse_shared_id allows), the id is
+    # taken by a second process. Woken, the first must not beat, register or
+    # claim under the id again: it used to log "this worker's row was gone:
+    # registered again" once the second stopped, and carry on.
+    first = _worker(spawn, db_url, "moved", VPAY_WORKER_DEAD_AFTER_SECONDS=DEAD_AFTER)
+    first.wait_for_log("worker started", timeout=60)
+    first.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: _row(db, "moved")[2] == "dead", timeout=60, what="the first to be dead by its heartbeat")
+        db.execute("UPDATE workers SET host = 'another-host' WHERE id = 'moved'")
+        second = _worker(spawn, db_url, "moved", VPAY_WORKER_DEAD_AFTER_SECONDS=DEAD_AFTER)
+        second.wait_for_log("worker started", timeout=60)
+        assert _row(db, "moved") == (socket.gethostname(), second.pid, "live")
+    finally:
+        first.signal(signal.SIGCONT)
+    line = first.wait_for_log("worker id taken over by another process; stopping", timeout=60)
+    assert (line["level"], line["taken_over_by_pid"], line["pid"]) == ("ERROR", second.pid, first.pid)
+    assert first.wait(60) == 1, first.text()[-3000:]
+    assert first.find("draining", signal="taken_over")
+    assert not first.find("this worker's row was gone: registered again")
+    assert _row(db, "moved") == (socket.gethostname(), second.pid, "live")  # the first's exit left it be
+    queue.enqueue(db, "test.count", "k:after", lane="housekeeping")
+    wait_until(lambda: [l for l in second.find("job handled") if l.get("dedupe_key") == "k:after"],
+               timeout=60, what="the second to run a job under the id")
+    second.signal(signal.SIGTERM)
+    assert second.wait(60) == 0, second.text()[-3000:]
+    assert _row(db, "moved") == (socket.gethostname(), second.pid, "stopped")

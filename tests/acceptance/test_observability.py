@@ -162,15 +162,19 @@ def test_a_live_worker_counts_its_work_and_logs_it_with_the_jobs_fields(
         assert secret not in text
 
 
-def test_a_metrics_port_that_cannot_be_bound_refuses_the_boot(db_url, spawn):
+def test_a_metrics_port_that_cannot_be_bound_refuses_the_boot(db, db_url, spawn):
+    # A port that cannot be had is 69 ("the database (or a port) is
+    # unavailable", docs/cli.md), as for sandbox-rail and the API; it was 78.
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
         out = subprocess.run([script("vpay-worker"), "--metrics-port", str(port)],
                              env=base_env(db_url), capture_output=True, text=True, timeout=60)
-    assert out.returncode == 78, out.stdout + out.stderr
-    assert f"cannot serve metrics on 127.0.0.1:{port}" in out.stderr
+    assert out.returncode == 69, out.stdout + out.stderr
+    [line] = out.stderr.splitlines()  # one line, nothing else on stderr
+    assert line.startswith(f"vpay: cannot serve metrics on 127.0.0.1:{port}: "), line
+    assert db.execute("SELECT count(*) FROM workers").fetchone()[0] == 0  # the database untouched
     out = subprocess.run([script("vpay-worker")], env=base_env(db_url, VPAY_METRICS_PORT="70000"),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 78 and "--metrics-port 70000 is not a TCP port" in out.stderr

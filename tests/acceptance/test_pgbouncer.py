@@ -172,7 +172,8 @@ def test_a_transaction_pooled_session_url_is_refused_at_start_with_78(db, db_url
         unset = base_env(bouncer.url, VPAY_DATABASE_PREPARED_STATEMENTS="off")
         line = _refused(["vpay-worker"], unset)
         assert "VPAY_SESSION_DATABASE_URL (unset, so VPAY_DATABASE_URL)" in line
-        assert "pooled per transaction" in line and "LISTEN" in line
+        assert "pooled per transaction" in line
+        assert "the wake-up LISTEN and the vacuum need a session" in line and "temporary tables" not in line
         explicit = base_env(db_url, VPAY_SESSION_DATABASE_URL=bouncer.url)
         line = _refused(["vpay-worker"], explicit)
         assert line.startswith("vpay: configuration refused: VPAY_SESSION_DATABASE_URL (")
@@ -196,6 +197,9 @@ def test_a_statement_import_keeps_its_session_on_the_session_url_behind_a_transa
         tx = {"VPAY_DATABASE_PREPARED_STATEMENTS": "off"}
         line = _refused(args, base_env(bouncer.url, **tx))
         assert "VPAY_SESSION_DATABASE_URL (unset, so VPAY_DATABASE_URL)" in line
+        # its own reason, not the worker's
+        assert "the statement import's temporary tables and advisory lock need a session" in line
+        assert "LISTEN" not in line
         out = subprocess.run([script(args[0]), *args[1:]],
                              env=base_env(bouncer.url, **tx, VPAY_SESSION_DATABASE_URL=db_url),
                              capture_output=True, text=True, timeout=120)

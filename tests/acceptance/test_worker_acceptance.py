@@ -5,6 +5,8 @@ jobs. The acceptance half of tests/integration/test_worker.py.
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import threading
 
@@ -66,7 +68,7 @@ def test_migrate_twice_and_concurrently_leaves_one_schema(fresh_db):
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     results = [(p.wait(120), p.stdout.read(), p.stderr.read()) for p in procs]
     assert all(rc == 0 for rc, _, _ in results), results
-    applied_counts = sorted(len(__import__("json").loads(out)["applied"])
+    applied_counts = sorted(len(json.loads(out)["applied"])
                             for _, out, _ in results)
     from vpay.base.db import migration_files
     assert applied_counts == [0, 0, len(migration_files())]
@@ -158,3 +160,50 @@ def test_a_configuration_that_cannot_work_is_refused_at_boot_with_78(db, db_url,
     assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
     assert "configuration refused" in res.stderr
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0  # booted nothing, enqueued nothing
+
+
+BLANK = {"ZZZ_UNRELATED": "", "VPAY_WORKER_DEAD_AFTER_SECONDS": "", "VPAY_LISTENER_DEAD_AFTER_SECONDS": "",
+         "VPAY_MTN_BASE_URL": ""}
+"""Variables set to "": one unrelated (any shell's `X= cmd`), the two bounds
+(blank means their default, as every blank setting), a rail's (not configured)."""
+
+
+def test_a_blank_variable_boots_the_worker_and_lists_the_rails(db, db_url, spawn):
+    # `ZZZ_UNRELATED= vpay-worker` exited 70 ("internal error (KeyError)"):
+    # the credentials mapping listed a name it then refused to read.
+    worker = spawn("vpay-worker", "--worker-id", "blank", "--queues", "housekeeping", "--idle-sleep", "0.2",
+                   env=base_env(db_url, **BLANK))
+    started = worker.wait_for_log("worker started", timeout=60)
+    assert (started["dead_after_seconds"], started["listener_dead_after_seconds"]) == (30.0, 30.0)  # the defaults
+    res = subprocess.run([script("vpay-server"), "rails", "list", "--json"], env=base_env(db_url, **BLANK),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert not any(r["configured"] for r in json.loads(res.stdout))
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+
+
+@pytest.mark.parametrize("wid", ["", "   ", "a\nb", "a\tb", "x" * 201], ids=["empty", "spaces", "newline", "tab",
+                                                                         "201-chars"])
+def test_a_worker_id_that_cannot_be_meant_is_refused_with_78_before_any_connection(wid):
+    # '' silently became <hostname>:<pid>; '   ' and 'a\nb' were taken as ids
+    counter = ConnCounter()
+    try:
+        res = subprocess.run([script("vpay-worker"), "--worker-id", wid],
+                             env=base_env(f"postgresql://nobody@127.0.0.1:{counter.port}/x?connect_timeout=1"),
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 78, res.stdout[-2000:] + res.stderr[-2000:]
+        [line] = res.stderr.splitlines()
+        assert line.startswith("vpay: configuration refused: --worker-id "), line
+        assert counter.accepted == 0
+    finally:
+        counter.close()
+
+
+def test_a_worker_id_at_its_bound_boots(db, db_url, spawn):
+    wid = "x" * 200  # MAX_WORKER_ID_CHARS
+    worker = spawn("vpay-worker", "--worker-id", wid, "--queues", "housekeeping", env=base_env(db_url))
+    assert worker.wait_for_log("worker started", timeout=60)["worker_id"] == wid
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert db.execute("SELECT id FROM workers").fetchall() == [(wid,)]

@@ -300,3 +300,23 @@ def test_tables_print_times_whole_in_utc_and_escape_control_characters(invoke, d
     assert res.exit_code == 0 and "\x1b" not in res.stdout and "\\x1b[2J" in res.stdout
     [created] = [line.split()[-3] for line in res.stdout.splitlines()[1:]]
     assert created.endswith("Z") and len(created) == len("2024-05-01T12:00:03Z")
+
+
+@pytest.mark.parametrize("args, says", [
+    (("jobs", "list", "--stranded", "--dead"), "--dead and --stranded exclude each other"),
+    (("jobs", "list", "--dead", "--stranded", "--json"), "--dead and --stranded exclude each other"),
+    (("jobs", "retry", "1", "--kind", "poll"), "--kind narrows --all-dead; with job ids it would be ignored"),
+    (("jobs", "retry", "1", "--lane", "mtn", "--kind", "poll"), "--kind and --lane narrow --all-dead"),
+    (("alerts", "ack", "1", "--kind", "charge_unresolved", "--note", "x"),
+     "--kind narrows --all-open; with alert ids it would be ignored"),
+], ids=" ".join)
+def test_filters_that_exclude_each_other_or_would_be_ignored_are_a_usage_error(invoke, db, db_url, args, says):
+    # `jobs list --stranded --dead` printed nothing, exit 0; `jobs retry 1 --kind poll`
+    # retried job 1 whatever its kind.
+    from vpay.engine import queue
+    queue.enqueue(db, "test.count", "k:1", lane="housekeeping")
+    before = _counts(db)
+    res = invoke(list(args), {"VPAY_DATABASE_URL": db_url})
+    assert res.exit_code == 2, res.stderr
+    assert says in one_vpay_line(res)
+    assert _counts(db) == before

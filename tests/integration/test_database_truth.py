@@ -54,7 +54,7 @@ def test_postgres_itself_is_never_taken_for_a_transaction_pooler(db, db_url, mon
         assert pooling.probe(db_url, first) is False
         assert not first.closed  # a connection handed in is the caller's to close
     pooling.refuse_prepared_behind_pooler(db_url)  # no ConfigError
-    pooling.refuse_pooled_session(db_url, explicit=True)
+    pooling.refuse_pooled_session(db_url, explicit=True, needs=pooling.WORKER_SESSION_NEEDS)
 
 
 def _up(collector) -> float:

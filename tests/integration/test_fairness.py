@@ -280,7 +280,7 @@ def test_a_loop_that_shares_lanes_reads_only_the_head_of_a_placed_backlog(db):
     assert queue.claim(db, "w", 300, ("mtn", "orange")).dedupe_key == "S:1"  # round 0
     plan = "\n".join(r[0] for r in db.execute(
         "EXPLAIN (ANALYZE, FORMAT TEXT) " + Q["claim_lanes"],
-        {"id": None, "token": None, "worker": "w", "new_token": uuid.uuid4(), "lease": 30.0, "lanes": ["mtn", "orange"]}))
+        {"id": None, "token": None, "worker": "w", "new_token": uuid.uuid4(), "lease": 30.0, "lanes": ["mtn", "orange"], "lent": [], "skip": []}))
     assert max(int(n) for n in re.findall(r"actual time=\S+ rows=(\d+)", plan)) <= 10, plan
     # EXPLAIN ANALYZE ran that claim (S:2): the next ones keep the rounds' order
     assert _claims(db, lanes=("mtn", "orange"))[:3] == ["S:3", "S:4", "S:5"]
@@ -341,10 +341,10 @@ def test_claims_read_the_fair_indexes(db):
     try:
         one = "\n".join(r[0] for r in db.execute(
             "EXPLAIN " + Q["claim_lane"], {"id": None, "token": None, "worker": "w", "new_token": uuid.uuid4(), "lease": 30.0,
-                                           "lane": "mtn"}))
+                                           "lane": "mtn", "lent": [], "skip": []}))
         several = "\n".join(r[0] for r in db.execute(
             "EXPLAIN " + Q["claim_lanes"], {"id": None, "token": None, "worker": "w", "new_token": uuid.uuid4(), "lease": 30.0,
-                                            "lanes": ["mtn", "orange"]}))
+                                            "lanes": ["mtn", "orange"], "lent": [], "skip": []}))
     finally:
         db.execute("RESET enable_seqscan")
     # Both probes are index scans (which claimable index the planner takes for

@@ -23,6 +23,14 @@ def _register(db, wid: str, dead_after: float = 30.0, lanes=("housekeeping",)):
                             dead_after=dead_after)
 
 
+def _beat(db, wid: str, host: str = "host", pid: int = 1) -> str:
+    return workers.beat(db, wid, host=host, pid=pid).found
+
+
+def _stop(db, wid: str, host: str = "host", pid: int = 1) -> bool:
+    return workers.stop(db, wid, host=host, pid=pid)
+
+
 def _age_heartbeat(db, wid: str, seconds: float = 120.0) -> None:
     db.execute("UPDATE workers SET heartbeat_at = now() - make_interval(secs => %s) WHERE id = %s",
                (seconds, wid))
@@ -43,15 +51,15 @@ def test_a_worker_registers_beats_and_stops_and_its_state_follows(db):
     assert _state(db, "w1") == "live" and workers.live_count(db) == 1
     _age_heartbeat(db, "w1", 31)
     assert _state(db, "w1") == "dead" and workers.live_count(db) == 0
-    assert workers.beat(db, "w1") is True
+    assert _beat(db, "w1") == workers.BEATEN
     assert _state(db, "w1") == "live"
-    assert workers.stop(db, "w1") is True
-    assert _state(db, "w1") == "stopped" and workers.beat(db, "w1") is False  # a stopped row is not beaten
-    assert workers.stop(db, "w1") is False
+    assert _stop(db, "w1") is True
+    assert _state(db, "w1") == "stopped" and _beat(db, "w1") == workers.GONE  # a stopped row is not beaten
+    assert _stop(db, "w1") is False
     # registering again (a restart under the same id) takes the row over: live, started anew
     again = _register(db, "w1")
     assert _state(db, "w1") == "live" and again > started
-    assert workers.beat(db, "nobody") is False
+    assert workers.beat(db, "nobody", host="host", pid=1) == (workers.GONE, None, None)
 
 
 def test_a_lease_whose_holder_is_dead_by_heartbeat_is_reaped_before_its_expiry(db):
@@ -90,7 +98,7 @@ def test_the_leases_of_a_stopped_holder_and_of_an_earlier_process_under_the_same
     second = _claim(db, "w1")  # claimed by the new process: its own
     [reaped] = queue.reap_expired_leases(db)  # facts, not heartbeats: the boot reap and the sweep see them
     assert (reaped["id"], reaped["why"]) == (first.id, "restarted")
-    workers.stop(db, "w1")
+    _stop(db, "w1")
     [reaped] = queue.reap_expired_leases(db)
     assert (reaped["id"], reaped["why"]) == (second.id, "stopped")
 
@@ -124,7 +132,7 @@ def test_a_holder_judged_dead_stays_fenced_when_it_wakes(db, write):
     assert [r["why"] for r in queue.reap_expired_leases(db, by_heartbeat=True, reaper="w2")] == ["dead"]
     new = _claim(db, "w2")
     assert new.id == old.id
-    assert workers.beat(db, "frozen") is True  # it wakes: live again, but holds nothing
+    assert _beat(db, "frozen") == workers.BEATEN  # it wakes: live again, but holds nothing
     ops = {"finish": lambda j: queue.finish(db, j),
            "reschedule": lambda j: queue.reschedule(db, j, 60),
            "park": lambda j: queue.park(db, j, "x"),
@@ -144,7 +152,7 @@ def test_rows_of_workers_dead_past_the_retention_are_pruned_unless_they_hold_a_l
     _age_heartbeat(db, "dead-recent", bound - 3600)
     _age_heartbeat(db, "dead-old", bound + 60)
     _age_heartbeat(db, "dead-old-holding", bound + 60)
-    workers.stop(db, "stopped-old")
+    _stop(db, "stopped-old")
     db.execute("UPDATE workers SET stopped_at = now() - make_interval(secs => %s) WHERE id = 'stopped-old'",
                (bound + 60,))
     queue.enqueue(db, "test.count", "k:1", lane="housekeeping")
@@ -210,7 +218,7 @@ def test_workers_list_shows_each_worker_its_heartbeat_age_state_and_leases(db, d
     _register(db, "w-live", lanes=("mtn", "housekeeping"))
     _register(db, "w-dead", dead_after=5)
     _register(db, "w-stopped")
-    workers.stop(db, "w-stopped")
+    _stop(db, "w-stopped")
     _claim(db, "w-dead")
     _age_heartbeat(db, "w-dead", 90)
     res = _invoke(db_url, "workers", "list", "--json")
@@ -254,3 +262,128 @@ def test_the_metrics_report_live_workers(db, pool):
     _age_heartbeat(db, "c", 300)
     families = {f.name: f for f in DatabaseCollector(pool).collect()}
     assert [s.value for s in families["vpay_workers_live"].samples] == [2]
+
+
+def test_a_worker_id_live_in_another_process_is_refused_and_a_gone_ones_taken_over(db):
+    # Two processes under one id would take each other's leases for a
+    # restart's; the second is refused (78 at boot) while the first runs.
+    workers.register(db, "shared", host="host-a", pid=4242, lanes=("mtn",), version="t", dead_after=30.0)
+    with pytest.raises(workers.ConfigError, match="live in another process"):
+        workers.refuse_shared_id(db, "shared", host="host-b", pid=7, runs_worker=lambda pid: True)
+    with pytest.raises(workers.ConfigError, match="host-a pid 4242"):
+        workers.refuse_shared_id(db, "shared", host="host-a", pid=7, runs_worker=lambda pid: pid == 4242)
+    # Its own row (a registration again) and a crashed process on this host
+    # (or its pid reused by another program): taken over.
+    workers.refuse_shared_id(db, "shared", host="host-a", pid=4242, runs_worker=lambda pid: True)
+    workers.refuse_shared_id(db, "shared", host="host-a", pid=7, runs_worker=lambda pid: False)
+    # Dead by its heartbeat: from another host, taken over (its processes cannot be seen) ...
+    _age_heartbeat(db, "shared", 31.0)
+    workers.refuse_shared_id(db, "shared", host="host-b", pid=7, runs_worker=lambda pid: True)
+    # ... but on its own host, a vpay-worker still at that pid is only frozen: refused
+    with pytest.raises(workers.ConfigError, match="still running on this host .pid 4242, dead"):
+        workers.refuse_shared_id(db, "shared", host="host-a", pid=7, runs_worker=lambda pid: pid == 4242)
+    workers.refuse_shared_id(db, "shared", host="host-a", pid=7, runs_worker=lambda pid: False)
+    # Stopped: taken over from anywhere.
+    workers.register(db, "shared", host="host-a", pid=4242, lanes=("mtn",), version="t", dead_after=30.0)
+    workers.stop(db, "shared", host="host-a", pid=4242)
+    workers.refuse_shared_id(db, "shared", host="host-a", pid=7, runs_worker=lambda pid: True)
+    workers.refuse_shared_id(db, "shared", host="host-b", pid=7, runs_worker=lambda pid: True)
+    workers.refuse_shared_id(db, "unknown", host="host-b", pid=7)
+
+
+def test_a_beat_tells_a_row_taken_over_from_a_row_gone_and_never_writes_the_others(db):
+    # The first process (host-a pid 1) froze past its bound; a second took the
+    # id over (another host: its heartbeat was dead). The first wakes and beats.
+    workers.register(db, "w", host="host-a", pid=1, lanes=("mtn",), version="t", dead_after=5.0)
+    _age_heartbeat(db, "w", 60)
+    workers.refuse_shared_id(db, "w", host="host-b", pid=2)
+    second = workers.register(db, "w", host="host-b", pid=2, lanes=("mtn",), version="t", dead_after=5.0)
+    _age_heartbeat(db, "w", 3)
+    before = db.execute("SELECT host, pid, heartbeat_at, started_at, stopped_at FROM workers").fetchone()
+    assert workers.beat(db, "w", host="host-a", pid=1) == (workers.TAKEN_OVER, "host-b", 2)
+    assert workers.stop(db, "w", host="host-a", pid=1) is False  # its exit leaves the other's row live
+    # it may not register over it either
+    assert workers.register_again(db, "w", host="host-a", pid=1, lanes=("mtn",), version="t",
+                                  dead_after=5.0, started_at=None) is None
+    assert db.execute("SELECT host, pid, heartbeat_at, started_at, stopped_at FROM workers").fetchone() == before
+    assert workers.claimant(db, "w") == (workers.TAKEN_OVER, "host-b", 2)
+    # the second beats its own row; its clean exit marks it stopped; the first
+    # still finds it the other's (it was "registered again" over it before)
+    assert workers.beat(db, "w", host="host-b", pid=2).found == workers.BEATEN
+    assert workers.stop(db, "w", host="host-b", pid=2) is True
+    assert workers.beat(db, "w", host="host-a", pid=1) == (workers.TAKEN_OVER, "host-b", 2)
+    assert _state(db, "w") == "stopped"
+    # same host, another pid: taken over too (host and pid, not host alone)
+    workers.register(db, "w", host="host-a", pid=3, lanes=("mtn",), version="t", dead_after=5.0)
+    assert workers.beat(db, "w", host="host-a", pid=1) == (workers.TAKEN_OVER, "host-a", 3)
+    # its own row stopped, or pruned: gone, and registered again by the same process
+    workers.stop(db, "w", host="host-a", pid=3)
+    assert workers.beat(db, "w", host="host-a", pid=3) == (workers.GONE, "host-a", 3)
+    again = workers.register_again(db, "w", host="host-a", pid=3, lanes=("mtn",), version="t",
+                                   dead_after=5.0, started_at=second)
+    assert again == second and _state(db, "w") == "live"  # its first started_at kept
+    db.execute("DELETE FROM workers")
+    assert workers.beat(db, "w", host="host-a", pid=3) == (workers.GONE, None, None)
+    assert workers.register_again(db, "w", host="host-a", pid=3, lanes=("mtn",), version="t",
+                                  dead_after=5.0, started_at=second) == second
+    assert workers.beat(db, "w", host="host-a", pid=3).found == workers.BEATEN
+
+
+def test_a_presence_taken_over_stops_beating_and_asks_for_a_drain_once(db, pool, caplog):
+    from vpay.worker.presence import Presence
+    asked = []
+    presence = Presence(pool, "w-presence", ("housekeeping",), 5.0, "t", on_taken_over=lambda: asked.append(1))
+    presence.register()
+    assert presence.beat() is True and not presence.taken_over
+    db.execute("DELETE FROM workers")  # pruned under it: registered again
+    assert presence.beat() is True
+    assert db.execute("SELECT host, pid FROM workers").fetchone() == (presence.host, presence.pid)
+    workers.register(db, "w-presence", host="elsewhere", pid=99, lanes=("mtn",), version="t", dead_after=5.0)
+    with caplog.at_level("ERROR", logger="vpay.worker"):
+        assert presence.beat() is False
+        assert presence.beat() is False  # no second statement, no second line
+    assert presence.taken_over and presence.taken_over_by == ("elsewhere", 99) and asked == [1]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == \
+        ["worker id taken over by another process; stopping"]
+    presence.stop()  # the exit leaves the other's row as it is
+    assert db.execute("SELECT host, pid, stopped_at FROM workers").fetchone() == ("elsewhere", 99, None)
+
+
+def test_pid_running_tells_a_live_process_from_a_gone_or_zombie_one():
+    import os
+    import subprocess
+    import sys
+
+    from support import wait_until
+    assert workers.pid_running(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        # Exited but not yet waited for: a zombie, which runs nothing.
+        wait_until(lambda: open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
+                   what="the child to exit")
+        assert not workers.pid_running(child.pid)
+    finally:
+        child.wait()
+    assert not workers.pid_running(child.pid)
+
+
+def test_runs_vpay_worker_tells_a_worker_from_a_pid_reused_by_another_program(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    assert not workers.runs_vpay_worker(os.getpid())  # pytest: running, but not a worker
+    sleeper = "import time; time.sleep(60)"
+    named = {"script": [sys.executable, "-c", sleeper, "/usr/bin/vpay-worker", "--worker-id", "x"],
+             "server": [sys.executable, "-c", sleeper, "/opt/venv/bin/vpay-server", "worker"],
+             "other": [sys.executable, "-c", sleeper, "less", "vpay-worker.log", "vpay-server", "jobs"]}
+    procs = {name: subprocess.Popen(argv) for name, argv in named.items()}  # back once exec'd
+    try:
+        assert workers.runs_vpay_worker(procs["script"].pid)
+        assert workers.runs_vpay_worker(procs["server"].pid)
+        assert not workers.runs_vpay_worker(procs["other"].pid)
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+    assert not workers.runs_vpay_worker(procs["script"].pid)  # gone

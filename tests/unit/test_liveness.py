@@ -26,8 +26,10 @@ def test_the_bound_is_read_at_its_edges(raw, value):
 
 @pytest.mark.parametrize("raw", ["5.9", "0", "-1", "300.1", "nan", "inf", "30s", "abc"])
 def test_a_bound_outside_6_to_300_seconds_is_refused_naming_the_variable(raw):
-    with pytest.raises(ConfigError, match=NAME):
+    with pytest.raises(ConfigError, match=NAME) as refused:
         dead_after_from_env({NAME: raw})
+    # one message, the real range, whatever was wrong ("0" and "abc" said "above 0")
+    assert str(refused.value) == f"{NAME} must be a number of seconds from 6 to 300, got {raw!r}"
 
 
 @pytest.mark.parametrize("dead_after", [MIN_DEAD_AFTER_SECONDS, 10.0, DEAD_AFTER_SECONDS, MAX_DEAD_AFTER_SECONDS])

@@ -85,6 +85,38 @@ def test_a_credential_is_read_from_the_directory_and_must_agree_with_the_environ
     assert credentials.lookup("../etc/passwd", env) is None  # a name, never a path
 
 
+def test_with_credentials_lists_exactly_the_names_it_answers_for(tmp_path):
+    # A Mapping must agree with itself: a name iter() lists, getitem answers
+    # (a blank variable listed but refused crashed every boot: `X= vpay-worker`).
+    from vpay.base.credentials import WithCredentials
+    (tmp_path / "VPAY_MTN_API_KEY").write_text("from-the-credential\n")
+    (tmp_path / "VPAY_MTN_API_USER").write_text("")  # a credential, even empty, is set
+    (tmp_path / ".hidden").write_text("x")  # never read: not a name
+    (tmp_path / "a-directory").mkdir()  # not a credential: not listed
+    env = {"CREDENTIALS_DIRECTORY": str(tmp_path), "BLANK": "", "SET": "v",
+           "VPAY_MTN_API_KEY": "", "VPAY_MTN_BASE_URL": ""}
+    mapping = WithCredentials(env)
+    names = list(mapping)
+    assert names == ["CREDENTIALS_DIRECTORY", "SET", "VPAY_MTN_API_KEY", "VPAY_MTN_API_USER"]
+    assert len(mapping) == len(names) == len(mapping.items())
+    assert dict(mapping.items()) == {"CREDENTIALS_DIRECTORY": str(tmp_path), "SET": "v",
+                                     "VPAY_MTN_API_KEY": "from-the-credential", "VPAY_MTN_API_USER": ""}
+    for name in ("BLANK", "VPAY_MTN_BASE_URL", ".hidden"):
+        assert name not in mapping and mapping.get(name) is None
+        with pytest.raises(KeyError):
+            mapping[name]
+    # without a credentials directory: the environment's non-empty variables alone
+    assert dict(WithCredentials({"X": "", "Y": "1"}).items()) == {"Y": "1"}
+    assert len(WithCredentials({"X": ""})) == 0
+
+
+def test_configured_rails_ignores_blank_variables():
+    from vpay.base.credentials import WithCredentials
+    from vpay.rails import configured_rails
+    env = {"ZZZ_UNRELATED": "", "VPAY_MTN_BASE_URL": "", "VPAY_ORANGE_CLIENT_ID": ""}
+    assert configured_rails(WithCredentials(env)) == []
+
+
 def test_the_rails_take_their_credentials_from_the_credentials_directory(tmp_path, monkeypatch):
     from vpay.rails import build_rail, configured_rails
     for name, value in {"VPAY_MTN_SUBSCRIPTION_KEY": "sub-key", "VPAY_MTN_API_KEY": "api-key",

@@ -37,6 +37,24 @@ def test_a_bound_that_cannot_be_meant_is_refused_naming_the_variable(raw):
         workers.dead_after_from_env({NAME: raw})
 
 
+@pytest.mark.parametrize("wid", ["w1", "host:3", "a" * workers.MAX_WORKER_ID_CHARS, "é:ü", "a b"])
+def test_a_worker_id_is_taken_up_to_its_bound(wid):
+    assert workers.worker_id_problem(wid) is None
+
+
+@pytest.mark.parametrize("wid, says", [
+    ("", "blank"), ("   ", "blank"), ("\t", "blank"), ("\n", "blank"),
+    ("a\nb", "control"), ("a\rb", "control"), ("a\x1bb", "control"), ("a\x7f", "control"),
+    ("a\u200bb", "control"), ("a\u2028b", "control"),
+    (" a", "whitespace"), ("a ", "whitespace"),
+    ("a" * (workers.MAX_WORKER_ID_CHARS + 1), f"201 characters long; at most {workers.MAX_WORKER_ID_CHARS}"),
+], ids=repr)
+def test_a_worker_id_that_cannot_be_meant_is_refused_in_one_line(wid, says):
+    problem = workers.worker_id_problem(wid)
+    assert problem is not None and says in problem and "\n" not in problem
+    assert problem.startswith("--worker-id ")
+
+
 class _Clock:
     def __init__(self):
         self.now = 1000.0

@@ -60,7 +60,14 @@ class WithCredentials(Mapping[str, str]):
     """``env`` (default ``os.environ``) with the credentials under
     ``$CREDENTIALS_DIRECTORY`` filled in: ``mapping[name]`` is
     ``lookup(name, env)``. Hand it to code that reads settings from a
-    mapping (the rail adapters' ``from_env``)."""
+    mapping (the rail adapters' ``from_env``).
+
+    A consistent ``Mapping``: its names (``iter``, ``len``, ``items``) are
+    exactly those ``mapping[name]`` answers for, the variables set to a
+    non-empty value and the credential files of a usable name. A variable
+    set to ``""`` is unset here, as ``lookup`` reads it (issue: ``X= vpay-worker``
+    crashed the boot with a ``KeyError`` when ``items()`` met it). Reading
+    a name may still raise ``ConfigError`` (``lookup``'s refusals)."""
 
     def __init__(self, env: Mapping[str, str] | None = None):
         self.env = os.environ if env is None else env
@@ -72,11 +79,13 @@ class WithCredentials(Mapping[str, str]):
         return value
 
     def __iter__(self) -> Iterator[str]:
-        names = set(self.env)
+        names = {name for name, value in self.env.items() if value}
         directory = self.env.get(DIRECTORY_ENV)
         if directory:
             try:
-                names |= {p.name for p in Path(directory).iterdir() if p.is_file()}
+                # the names _read would read: never a dotfile
+                names |= {p.name for p in Path(directory).iterdir()
+                          if p.is_file() and not p.name.startswith(".")}
             except OSError:
                 pass
         return iter(sorted(names))

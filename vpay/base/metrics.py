@@ -104,6 +104,16 @@ OVER_SHARE = Counter(
     "merchant's share (vpay.engine.fairness): a merchant's backlog in a lane that fell behind.", ["lane"],
     registry=REGISTRY)
 
+JOBS_BORROWED = Counter(
+    "vpay_jobs_borrowed", "Jobs of a lane run by a claim loop of another lane whose own lanes had "
+    "nothing due (lending idle loops; vpay/engine/timeshare.py), by the job's lane.", ["lane"],
+    registry=REGISTRY)
+
+CLAIMS_HANDED_BACK = Counter(
+    "vpay_claims_handed_back", "Claims handed back unrun because the job's party (merchant) already "
+    "held its share of the lane's loops in this worker (two loops claimed for it at once; "
+    "vpay/engine/timeshare.py), by lane.", ["lane"], registry=REGISTRY)
+
 LISTENER_RECONNECTS = Counter(
     "vpay_listener_reconnects", "Times the worker's wake-up listener connected again, by cause: "
     "unresponsive (its connection did not answer a ping within the bound, "
@@ -148,6 +158,16 @@ def lane_rebalanced(lane: str, placed: int) -> None:
     their merchant's share."""
     if placed:
         OVER_SHARE.labels(lane).inc(placed)
+
+
+def job_borrowed(lane: str) -> None:
+    """A loop of another lane took a job of ``lane`` (lending)."""
+    JOBS_BORROWED.labels(lane).inc()
+
+
+def claim_handed_back(lane: str) -> None:
+    """A claim of ``lane`` was handed back unrun: its party was at its share."""
+    CLAIMS_HANDED_BACK.labels(lane).inc()
 
 
 def outcome_label(outcome: Any, kept: bool | None) -> str:

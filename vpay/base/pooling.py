@@ -116,19 +116,31 @@ def refuse_prepared_behind_pooler(url: str, first: psycopg.Connection | None = N
             f"another client's; set {PREPARED_STATEMENTS}=off")
 
 
-def refuse_pooled_session(url: str, explicit: bool, timeout: float | None = None) -> None:
+WORKER_SESSION_NEEDS = "the wake-up LISTEN and the vacuum need a session"
+"""Why the worker's session URL must not be pooled per transaction:
+``LISTEN`` there never delivers a wake-up and the vacuum's ``SET`` would land
+on another client's session."""
+
+IMPORT_SESSION_NEEDS = "the statement import's temporary tables and advisory lock need a session"
+"""Why ``statements import``'s connection must not be pooled per transaction:
+its temporary tables and its per-rail advisory lock live in its session, and
+the bouncer would scatter its statements over server connections."""
+
+
+def refuse_pooled_session(url: str, explicit: bool, timeout: float | None = None, *,
+                          needs: str) -> None:
     """Raise ``ConfigError`` (exit 78) when the session URL ``url`` is pooled
-    per transaction (``probe``): ``LISTEN`` there never delivers a wake-up and
-    the vacuum's ``SET`` would land on another client's session. ``explicit``:
-    whether ``VPAY_SESSION_DATABASE_URL`` was set (else ``url`` is
-    ``VPAY_DATABASE_URL``'s, and the message says to set it). Raises
+    per transaction (``probe``). ``needs``: the caller's reason, said in the
+    message (``WORKER_SESSION_NEEDS``, ``IMPORT_SESSION_NEEDS``).
+    ``explicit``: whether ``VPAY_SESSION_DATABASE_URL`` was set (else ``url``
+    is ``VPAY_DATABASE_URL``'s, and the message says to set it). Raises
     ``psycopg.Error`` when the database cannot be reached."""
     if not probe(url, None, timeout):
         return
     where = SESSION_URL if explicit else f"{SESSION_URL} (unset, so VPAY_DATABASE_URL)"
     raise ConfigError(
         f"{where} ({describe(url)}) is pooled per transaction (a pgbouncer in transaction mode): "
-        f"the wake-up LISTEN and the vacuum need a session; point {SESSION_URL} at Postgres itself "
+        f"{needs}; point {SESSION_URL} at Postgres itself "
         f"or at a session-mode pool")
 
 

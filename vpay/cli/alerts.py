@@ -62,6 +62,8 @@ def ack(ids: tuple[int, ...], every: bool, kind: str | None, note: str, as_json:
         raise click.BadParameter(str(exc), param_hint="--note") from None
     if bool(ids) == every:
         raise click.UsageError("give alert ids or --all-open, not both and not neither")
+    if kind is not None and not every:
+        raise click.UsageError("--kind narrows --all-open; with alert ids it would be ignored")
     with connect_db() as conn:
         chosen = list(ids) if ids else [r["id"] for r in list_alerts(conn, open_only=True, kind=kind)]
         try:

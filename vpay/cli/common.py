@@ -156,14 +156,15 @@ def connect_db():
     return open_database()[1]
 
 
-def connect_session_db():
+def connect_session_db(needs: str):
     """One autocommit connection to the session URL (``VPAY_SESSION_DATABASE_URL``,
     default ``VPAY_DATABASE_URL``), for a one-shot command that keeps state in
     its session (the statement import: temporary tables, a session lock),
     which a transaction-pooling bouncer would scatter over server connections.
     Checked, bounded and reported like ``open_database``; probed like the
     worker's session URL (``pooling.refuse_pooled_session``: 78 when it is
-    pooled per transaction)."""
+    pooled per transaction, the message saying ``needs``: what the command
+    keeps in its session, e.g. ``pooling.IMPORT_SESSION_NEEDS``)."""
     import psycopg
 
     from vpay.base import pooling
@@ -171,7 +172,8 @@ def connect_session_db():
     url = database_url()
     session = session_database_url(url)
     try:
-        pooling.refuse_pooled_session(session, explicit=bool(os.environ.get(SESSION_URL, "").strip()))
+        pooling.refuse_pooled_session(session, explicit=bool(os.environ.get(SESSION_URL, "").strip()),
+                                      needs=needs)
         return connect(session)
     except psycopg.OperationalError as exc:
         exc.vpay_where = describe(session)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import click
 
+import vpay.money  # noqa: F401  (the domain registers its lanes before --lane's help reads them)
 from vpay.cli.common import ROW_ID, connect_db
 from vpay.cli.errors import Refused
 from vpay.cli.output import echo_rows, json_option
+from vpay.engine import lanes as _lanes
 
 COLUMNS = ("id", "kind", "lane", "state", "dedupe_key", "attempts", "failures", "run_at",
            "locked_by", "holder_state", "heartbeat_age", "lease_expires_at", "last_error")
@@ -62,11 +64,16 @@ def jobs() -> None:
                    "its heartbeat, stopped or restarted (vpay-server workers list).")
 @click.option("--kind", default=None, callback=_known_kind, help="Only this job kind (poll, deliver, ...).")
 @click.option("--lane", default=None, callback=_known_lane,
-              help="Only this lane (mtn, orange, webhooks, housekeeping).")
+              help=f"Only this lane ({', '.join(_lanes.LANES)}).")
 @json_option
 def list_(dead: bool, stranded: bool, kind: str | None, lane: str | None, as_json: bool) -> None:
-    """Jobs, oldest run_at first (at most 1000)."""
+    """Jobs, oldest run_at first (at most 1000). --dead and --stranded
+    exclude each other (a dead letter holds no lease): both is a usage error,
+    not an empty list."""
     from vpay.money.operator import list_jobs
+    if dead and stranded:
+        raise click.UsageError("--dead and --stranded exclude each other (a dead letter holds no lease); "
+                               "give one")
     with connect_db() as conn:
         rows = list_jobs(conn, dead=dead, stranded=stranded, kind=kind, lane=lane)
     echo_rows(rows, COLUMNS, as_json)
@@ -76,9 +83,19 @@ def _ids(conn, ids: tuple[int, ...], every: bool, flag: str, **filters) -> list[
     from vpay.money.operator import list_jobs
     if bool(ids) == every:
         raise click.UsageError(f"give job ids or {flag}, not both and not neither")
+    _narrow_only(every, flag, kind=filters.get("kind"), lane=filters.get("lane"))
     if every:
         return [r["id"] for r in list_jobs(conn, **filters)]
     return list(ids)
+
+
+def _narrow_only(every: bool, flag: str, **filters: str | None) -> None:
+    """Filters (``--kind``, ``--lane``) narrow ``flag`` (``--all-dead``); with
+    job ids they would be ignored without a word: a usage error (2)."""
+    given = [f"--{name}" for name, value in filters.items() if value is not None]
+    if given and not every:
+        raise click.UsageError(f"{' and '.join(given)} narrow{'s' if len(given) == 1 else ''} {flag}; "
+                               f"with job ids {'it' if len(given) == 1 else 'they'} would be ignored")
 
 
 @jobs.command("retry")

@@ -18,13 +18,17 @@ SERVICES = {"api": "a service: gunicorn; its JSON log on stdout (journald)",
 
 NO_DATA_REFUSAL = {"migrate", "merchants list", "jobs list", "alerts list", "charges list", "statements list",
                    "prune", "api", "sandbox-rail", "worker"}
-"""Commands that cannot answer 1 (no id, nothing the data refuses); the worker's 1 is a timed-out drain."""
+"""Commands that cannot answer 1 (no id, nothing the data refuses); the worker's 1 is a drain not clean."""
 
-WHY_1 = {"worker": "a timed-out drain (leases handed back)",
+WHY_1 = {"worker": "a drain not clean: the grace ran out (or a second signal) with jobs in flight, jobs whose "
+                   "outcome could not be written were still leased, or the worker id was taken over by another "
+                   "process; the leases still held were handed back if the database answered, else they "
+                   "stay until reaped",
          "demo": "--database exists and was not made by the demo (nothing touched)",
          "statements import": "the file cannot be a statement (nothing written)"}
 WHY_69 = {"api": "the address cannot be listened on (the database is not contacted at start)",
-          "sandbox-rail": "the port cannot be listened on"}
+          "sandbox-rail": "the port cannot be listened on",
+          "worker": "the database is unreachable at boot, or the metrics port cannot be listened on"}
 
 HEADER = """# Commands
 

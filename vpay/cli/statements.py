@@ -70,7 +70,8 @@ def import_(file: Path, rail: str, profile: str | None, mapping: str | None, app
         raise Refused(f"{file.name}: {exc}") from None
     # Its temporary tables and its per-rail lock live in the session: the
     # session URL, never a transaction-pooled one (docs/deployment.md, "pgbouncer").
-    with connect_session_db() as conn:
+    from vpay.base.pooling import IMPORT_SESSION_NEEDS
+    with connect_session_db(IMPORT_SESSION_NEEDS) as conn:
         try:
             result = importer.run_audited(conn, raw, rail=rail, profile=chosen, file_name=file.name,
                                           apply=apply, lag_seconds=lag, period=period)

@@ -1,8 +1,9 @@
 """``vpay-server worker`` / ``vpay-worker``: the reconciler worker.
 
-Exit codes: 0 clean drain, 1 drain not clean (timed out, or jobs whose outcome
-could not be written were still leased), 2 usage error, 78 configuration
-refused, 69 database unreachable at boot, 70 a claim loop crashed.
+Exit codes: 0 clean drain, 1 drain not clean (timed out, jobs whose outcome
+could not be written were still leased, or the worker id taken over by
+another process), 2 usage error, 78 configuration refused, 69 database
+unreachable or metrics port unavailable at boot, 70 a claim loop crashed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import click
 
 from vpay import __version__
 import vpay.money  # noqa: F401  (its lanes: --queues and the split read them)
+from vpay.engine import lanes as _lanes  # the registry: --queues names what it holds
 from vpay.base import logs
 from vpay.cli.common import Duration, log_level, log_level_option, open_database, refuse
 from vpay.cli.errors import Unavailable, _unavailable_line
@@ -34,15 +36,25 @@ log = logging.getLogger("vpay.cli")
               help="A lease older than this is reaped (RecoveryPolicy.lease; seconds, or 5m).")
 @click.option("--idle-sleep", type=Duration(minimum=0.001, bare="s"), default="1s", show_default=True,
               help="How long a claim loop sleeps when nothing is due (seconds, or 1s, 0.5s).")
-@click.option("--worker-id", default=None, help="Lease owner name [default: <hostname>:<pid>].")
+@click.option("--worker-id", default=None,
+              help="Lease owner name: printable, no whitespace around it, at most 200 characters "
+                   "(MAX_WORKER_ID_CHARS) [default: <hostname>:<pid>].")
 @click.option("--queues", envvar="VPAY_WORKER_QUEUES", default=None, metavar="LANE,...",
-              help="Lanes this worker claims from: mtn, orange, webhooks, housekeeping "
+              help=f"Lanes this worker claims from: {', '.join(_lanes.LANES)} "
                    "[env VPAY_WORKER_QUEUES; default: all].")
 @click.option("--lane-concurrency", envvar="VPAY_WORKER_LANE_CONCURRENCY", default=None,
               metavar="LANE=N,...",
               help="Exact claim loops for some lanes, within --worker-concurrency; the other lanes "
                    "share the rest [env VPAY_WORKER_LANE_CONCURRENCY; default split: "
                    "docs/flows/reconciler.md, Lanes].")
+@click.option("--party-share", envvar="VPAY_WORKER_PARTY_SHARE", default=None, metavar="FRACTION",
+              help="The most of a lane's own loops one merchant's jobs may hold at once unless they "
+                   "are known fast (above 0, at most 1) [env VPAY_WORKER_PARTY_SHARE; default 0.5; "
+                   "docs/flows/reconciler.md, A fair share in time].")
+@click.option("--lend/--no-lend", default=None,
+              help="A loop whose own lanes have nothing due takes another lane's due job, one at a "
+                   "time [env VPAY_WORKER_LEND=on|off; default on; docs/flows/reconciler.md, "
+                   "Lending idle loops].")
 @click.option("--metrics-port", type=int, default=None, envvar="VPAY_METRICS_PORT",
               help="Serve Prometheus metrics on this port (/metrics) [default: off; env VPAY_METRICS_PORT].")
 @click.option("--metrics-bind", default="127.0.0.1", show_default=True, envvar="VPAY_METRICS_BIND",
@@ -51,18 +63,20 @@ log = logging.getLogger("vpay.cli")
 @click.pass_context
 def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: float,
            lease_seconds: float, idle_sleep: float, worker_id: str | None, queues: str | None,
-           lane_concurrency: str | None, metrics_port: int | None, metrics_bind: str,
-           level: str | None) -> None:
+           lane_concurrency: str | None, party_share: str | None, lend: bool | None,
+           metrics_port: int | None, metrics_bind: str, level: str | None) -> None:
     """The reconciler worker: claims jobs, polls rails, drains on SIGTERM.
 
     Its --worker-concurrency claim loops are split among the lanes it serves
     (--queues), each lane with loops of its own; see vpay/lanes.py.
 
-    Exit codes: 0 clean drain, 1 drain not clean (timed out, or jobs whose
-    outcome could not be written were still leased; leases released), 2 usage
-    error, 78 configuration refused, 69 database unreachable at boot, 70 a
-    claim loop crashed (a bug; "anything else is a crash", and systemd
-    restarts the worker)."""
+    Exit codes: 0 clean drain, 1 drain not clean (the grace ran out, jobs
+    whose outcome could not be written were still leased, or the worker id
+    was taken over by another process; the leases still held were handed
+    back if the database answered, else they stay until reaped), 2 usage
+    error, 78 configuration refused, 69 database unreachable or metrics port
+    unavailable at boot, 70 a claim loop crashed (a bug; "anything else is a
+    crash", and systemd restarts the worker)."""
     # vpay-worker: its own --log-level or VPAY_LOG_LEVEL; vpay-server worker:
     # the group's level unless this command's flag names one.
     logs.setup(log_level(level) if level or ctx.parent is None else None, stream=sys.stdout)
@@ -83,6 +97,9 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
             or shutdown_grace_seconds < 0 or lease_seconds <= 0 or idle_sleep <= 0:
         refuse("--shutdown-grace-seconds must be >= 0, --lease-seconds and --idle-sleep > 0, "
                 "all finite numbers")
+    from vpay.engine.workers import worker_id_problem
+    if worker_id is not None and (problem := worker_id_problem(worker_id)):
+        refuse(problem)
     from vpay.engine import lanes
     try:
         served = lanes.parse_queues(*_lane_setting(ctx, "queues", queues, "VPAY_WORKER_QUEUES"))
@@ -92,6 +109,14 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         # because a rail is unconfigured today must not break when it is set.
         lanes.split(worker_concurrency, served, overrides)
     except lanes.LaneError as exc:
+        refuse(str(exc))
+    from vpay.engine import timeshare
+    try:
+        share = timeshare.parse_party_share(
+            *_lane_setting(ctx, "party_share", party_share, "VPAY_WORKER_PARTY_SHARE"))
+        if lend is None:
+            lend = timeshare.parse_lend(os.environ.get("VPAY_WORKER_LEND"), "VPAY_WORKER_LEND (env, for --lend)")
+    except timeshare.TimeShareError as exc:
         refuse(str(exc))
     from vpay.handlers import Context
     from vpay.worker.loop import Worker, WorkerConfig
@@ -139,7 +164,8 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
             # session URL would never deliver a wake-up (vpay/base/pooling.py).
             # Unset with prepared statements on, it is the URL just probed.
             if session_url or not prepared_statements():
-                pooling.refuse_pooled_session(session_url or url, explicit=bool(session_url))
+                pooling.refuse_pooled_session(session_url or url, explicit=bool(session_url),
+                                              needs=pooling.WORKER_SESSION_NEEDS)
         except BaseException:
             pool.close()
             raise
@@ -168,11 +194,14 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
                           idle_sleep=idle_sleep, queues=served, lane_concurrency=overrides,
                           passive=tuple(r for r in lanes.RAIL_LANES if r not in rails),
                           jobs_vacuum_every=jobs_vacuum_every, listener_dead_after=listener_dead_after,
-                          session_url=session_url or url, dead_after=dead_after)
+                          session_url=session_url or url, dead_after=dead_after,
+                          party_share=share, lend=lend)
+    from vpay.engine import workers
     from vpay.handlers import ensure_scheduled
     from vpay.webhooks.sealing import check_keys, plaintext_count
     with pool.connection() as conn:
         try:
+            workers.refuse_shared_id(conn, wid, host=socket.gethostname(), pid=os.getpid())
             unopened = check_keys(conn, box)  # wrong keys: refused here, not at every delivery
         except ConfigError as exc:
             pool.close()
@@ -199,11 +228,13 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
 
 
 def _lane_setting(ctx: click.Context, name: str, value: str | None, envvar: str) -> tuple[str | None, str]:
-    """``(value, source)`` of a lane option for ``vpay.engine.lanes``: ``source`` is
-    the flag, or ``ENVVAR (--flag)`` when the value came from the environment,
-    so a refusal names what the operator must fix. click treats a variable set
-    to ``""`` as unset; it is passed on as ``""`` here so it is refused, not
-    silently read as the default."""
+    """``(value, source)`` of a worker option read by ``vpay.engine.lanes``
+    or ``vpay.engine.timeshare`` (lanes, loop counts, the party share):
+    ``source`` is the flag, or ``ENVVAR (--flag)`` when the value came from
+    the environment, so a refusal names what the operator must fix. click
+    treats a variable set to ``""`` as unset; it is passed on as ``""`` here
+    so the parser decides (the lanes refuse it; the party share reads it as
+    its default, like every blank numeric setting)."""
     flag = "--" + name.replace("_", "-")
     source = ctx.get_parameter_source(name)
     if source is click.core.ParameterSource.ENVIRONMENT:
@@ -215,9 +246,11 @@ def _lane_setting(ctx: click.Context, name: str, value: str | None, envvar: str)
 
 def _serve_metrics(port: int | None, bind: str):
     """Start the metrics server (``vpay.base.metrics.serve``) before the pool, so a
-    port that cannot be had refuses the boot (78) without touching the
-    database. Answers the database collector to attach the pool to, or
-    ``None`` when metrics are off."""
+    port that cannot be had (busy, or an address not on this host) ends the
+    boot without touching the database: ``Unavailable``, exit 69, like every
+    port that cannot be had (``sandbox-rail``, ``api``; vpay/cli/errors.py).
+    Answers the database collector to attach the pool to, or ``None`` when
+    metrics are off."""
     if port is None:
         return None
     from vpay.base import metrics
@@ -227,6 +260,6 @@ def _serve_metrics(port: int | None, bind: str):
     try:
         metrics.serve(port, bind, collector)
     except OSError as exc:
-        refuse(f"cannot serve metrics on {bind}:{port}: {exc.strerror or exc}")
+        raise Unavailable(f"cannot serve metrics on {bind}:{port}: {exc.strerror or exc}") from None
     log.info("metrics served", extra={"metrics_url": f"http://{bind}:{port}/metrics"})
     return collector

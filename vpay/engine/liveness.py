@@ -122,8 +122,11 @@ def dead_after_from_env(environ: Mapping[str, str] | None = None) -> float:
     ``MIN_DEAD_AFTER_SECONDS`` to ``MAX_DEAD_AFTER_SECONDS``."""
     env = os.environ if environ is None else environ
     name = "VPAY_LISTENER_DEAD_AFTER_SECONDS"
-    value = env_seconds(name, DEAD_AFTER_SECONDS, maximum=MAX_DEAD_AFTER_SECONDS, env=env)
-    if value < MIN_DEAD_AFTER_SECONDS:
+    try:
+        value = env_seconds(name, DEAD_AFTER_SECONDS, maximum=MAX_DEAD_AFTER_SECONDS, env=env)
+    except ConfigError:
+        value = math.nan  # one message for every refusal: the real range, not env_seconds' "above 0"
+    if not MIN_DEAD_AFTER_SECONDS <= value <= MAX_DEAD_AFTER_SECONDS:
         raise ConfigError(f"{name} must be a number of seconds from {MIN_DEAD_AFTER_SECONDS:g} to "
                           f"{MAX_DEAD_AFTER_SECONDS:g}, got {env.get(name, '').strip()!r}")
     return value

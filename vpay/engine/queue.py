@@ -5,8 +5,8 @@ Design page, "The job queue" and "Leases and crash recovery". Rules kept here:
 * ``claim`` takes one due, unleased row with ``FOR UPDATE SKIP LOCKED`` and
   leases it: ``attempts + 1``, ``locked_by``, ``locked_at`` and a fresh
   ``lease_token`` (the fencing token).
-* ``finish`` / ``reschedule`` / ``retry_failed`` / ``park`` end a lease and
-  match ``(id, locked_by, lease_token)``. One that matches nothing changes
+* ``finish`` / ``reschedule`` / ``retry_failed`` / ``park`` / ``unclaim``
+  end a lease and match ``(id, locked_by, lease_token)``. One that matches nothing changes
   nothing and answers ``False``: the caller counts it as **lost** (its lease
   was reaped and maybe re-claimed while it ran).
 * ``reap_expired_leases`` is one conditional UPDATE that re-checks each
@@ -61,6 +61,21 @@ class Job:
     late_by: float = 0.0
     """Seconds from ``run_at`` to the claim, on the database's clock
     (negative never: only due jobs are claimed). Zero for a hand-built job."""
+    fair_key: str | None = None
+    """Whom the job works for (``jobs.fair_key``: the merchant), ``None``
+    for housekeeping; with the kind, the party the time share counts by
+    (``vpay.engine.timeshare.party_of``)."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one claim of a loop may take: its own ``lanes`` first, then the
+    ``lent`` lanes it may borrow from, skipping the ``"lane/kind/merchant"``
+    keys in ``skip`` (``vpay.engine.timeshare.TimeShare.plan``)."""
+
+    lanes: tuple[str, ...]
+    lent: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
 
 
 def enqueue(conn: psycopg.Connection, kind: str, dedupe_key: str,
@@ -101,13 +116,27 @@ def claim(conn: psycopg.Connection, worker: str, lease: float = 300.0,
     return claim_or_next_due(conn, worker, lease, lanes)[0]
 
 
-def _lane_params(lanes: Iterable[str] | None) -> tuple[str, dict[str, Any]]:
-    """``("claim_lane", {"lane": x})`` for one lane, ``("claim_lanes",
-    {"lanes": [...]})`` for several: which claim statement serves them."""
+LENT_LANES_MAX = 8
+"""The most lanes one claim may borrow from: the claim statements read the
+lent lanes as this many fixed slots (sql/queries/queue.sql, ``claim_lane``,
+for why). Above the lanes there are (six); a claim given more raises."""
+
+
+def _lane_params(lanes: Iterable[str] | None, lent: Iterable[str] = (),
+                 skip: Iterable[str] = ()) -> tuple[str, dict[str, Any]]:
+    """``("claim_lane", {"lane": x, ...})`` for one lane, ``("claim_lanes",
+    {"lanes": [...], ...})`` for several: which claim statement serves them,
+    with the lanes it may borrow from (``lent``, at most ``LENT_LANES_MAX``:
+    ``ValueError`` above) and the ``"lane/kind/merchant"`` keys it skips
+    (``skip``)."""
     lanes = tuple(_lanes.LANES if lanes is None else lanes)
+    lent = list(lent)
+    if len(lent) > LENT_LANES_MAX:
+        raise ValueError(f"a claim may borrow from at most {LENT_LANES_MAX} lanes, got {len(lent)}")
+    more = {"lent": lent, "skip": list(skip)}
     if len(lanes) == 1:
-        return "claim_lane", {"lane": lanes[0]}
-    return "claim_lanes", {"lanes": list(lanes)}
+        return "claim_lane", {"lane": lanes[0], **more}
+    return "claim_lanes", {"lanes": list(lanes), **more}
 
 
 _NOTHING_TO_FINISH = {"id": None, "token": None}
@@ -116,7 +145,7 @@ nothing (``id = NULL``) and ``finished`` is false."""
 
 
 CLAIM_COLUMNS = ("finished", "id", "kind", "lane", "dedupe_key", "payload", "attempts",
-                 "failures", "lease_token", "run_at", "created_at", "late_by", "next_due_in")
+                 "failures", "lease_token", "run_at", "created_at", "late_by", "fair_key", "next_due_in")
 """The one row of ``claim_lane`` / ``claim_lanes``, in order (read by position:
 tests/integration/test_queue.py holds both statements to it)."""
 
@@ -140,11 +169,11 @@ def _claim(conn: psycopg.Connection, name: str, params: dict[str, Any],
     """Run claim statement ``name``: ``(finished, job or None, next_due_in
     or None)`` (``CLAIM_COLUMNS``)."""
     (finished, id_, kind, lane, dedupe_key, payload, attempts, failures, token, run_at,
-     created_at, late_by, next_due) = _claim_cursor(conn).execute(Q[name], params).fetchone()
+     created_at, late_by, fair_key, next_due) = _claim_cursor(conn).execute(Q[name], params).fetchone()
     if id_ is None:
         return bool(finished), None, next_due
     return bool(finished), Job(id_, kind, dedupe_key, payload, attempts, failures, token, worker,
-                               run_at, created_at, lane, late_by), None
+                               run_at, created_at, lane, late_by, fair_key), None
 
 
 def new_lease_token() -> uuid.UUID:
@@ -158,7 +187,8 @@ def new_lease_token() -> uuid.UUID:
 
 def claim_or_next_due(conn: psycopg.Connection, worker: str, lease: float = 300.0,
                       lanes: Iterable[str] | None = None, *,
-                      token: uuid.UUID | None = None) -> tuple[Job | None, float | None]:
+                      token: uuid.UUID | None = None, lent: Iterable[str] = (),
+                      skip: Iterable[str] = ()) -> tuple[Job | None, float | None]:
     """``claim``, and when nothing is due, the seconds until the next job of
     ``lanes`` is (``None`` when none is scheduled; zero or less when a due
     job was skipped because another claim held its lock). One statement
@@ -166,8 +196,12 @@ def claim_or_next_due(conn: psycopg.Connection, worker: str, lease: float = 300.
     ``(None, next_due_in)``. ``token``: the new lease's token (default a
     fresh ``new_lease_token()``); a caller that may lose the answer (the connection dies
     after the commit) passes its own, to hand that claim back by it
-    (``release``)."""
-    name, params = _lane_params(lanes)
+    (``release``). ``lent``: other lanes to claim from when ``lanes`` have
+    nothing due (their oldest due job; they do not count in
+    ``next_due_in``). ``skip``: ``"lane/kind/merchant"`` keys whose jobs
+    are neither claimed nor counted in ``next_due_in`` (parties at their
+    share: ``vpay.engine.timeshare``)."""
+    name, params = _lane_params(lanes, lent, skip)
     params.update(_NOTHING_TO_FINISH, worker=worker, lease=float(lease),
                   new_token=token or new_lease_token())
     return _claim(conn, name, params, worker)[1:]
@@ -175,14 +209,15 @@ def claim_or_next_due(conn: psycopg.Connection, worker: str, lease: float = 300.
 
 def finish_and_claim(conn: psycopg.Connection, job: Job, lease: float = 300.0,
                      lanes: Iterable[str] | None = None, *,
-                     token: uuid.UUID | None = None) -> tuple[bool, Job | None, float | None]:
+                     token: uuid.UUID | None = None, lent: Iterable[str] = (),
+                     skip: Iterable[str] = ()) -> tuple[bool, Job | None, float | None]:
     """``finish(job)`` and ``claim_or_next_due`` for the same worker in one
     statement (the claim statement with ``job``'s fenced finish: one round
     trip per job in a busy loop). Answers ``(finished, next job or None,
     next_due_in or None)``; ``finished`` is ``False`` when the lease was no
-    longer ours (lost), and the claim happens all the same. ``token``: the
-    next lease's token, as for ``claim_or_next_due``."""
-    name, params = _lane_params(lanes)
+    longer ours (lost), and the claim happens all the same. ``token``,
+    ``lent``, ``skip``: as for ``claim_or_next_due``."""
+    name, params = _lane_params(lanes, lent, skip)
     params.update(id=job.id, worker=job.worker, token=job.lease_token, lease=float(lease),
                   new_token=token or new_lease_token())
     return _claim(conn, name, params, job.worker)
@@ -212,6 +247,14 @@ def write_was_made(conn: psycopg.Connection, job: Job, finished: bool) -> bool:
 
 def _fenced(job: Job) -> dict[str, Any]:
     return {"id": job.id, "worker": job.worker, "token": job.lease_token}
+
+
+def unclaim(conn: psycopg.Connection, job: Job) -> bool:
+    """Hand back ``job``, just claimed and not run (its party was at its
+    share: ``vpay.engine.timeshare``): unleased, due as it was, its claim's
+    attempt given back. Fenced on the lease; ``False`` when it was no longer
+    ours (reaped meanwhile: nothing changes)."""
+    return conn.execute(Q["unclaim"], _fenced(job)).fetchone() is not None
 
 
 def finish(conn: psycopg.Connection, job: Job) -> bool:

@@ -25,7 +25,14 @@ Design: docs/design/rails.md, "Waking on commit"; issue #15. The shape:
   lost). That is the debounce: however many notifications a lane gets, each
   idle loop is woken at most once, and loops busy with that lane are left
   alone (they claim again as they finish). A notification never wakes a
-  loop that does not serve its lane.
+  loop that neither serves its lane nor may borrow from it.
+* Borrowers (issue 30, lending idle loops: vpay/engine/timeshare.py): when
+  no loop of the lane is idle, a notification or a ``spread`` wakes an idle
+  loop of another lane that may borrow from it now (``lendable``), and a
+  loop about to sleep takes a pending lane it may borrow from. Its claim
+  takes its own lanes' jobs first; borrowed lanes' jobs that fall due with
+  time reach borrowers only this way (their sleep is timed by their own
+  lanes), so borrowers join a backlog as it spreads, not at every due job.
 * The listener makes the woken loop's first claim itself, on its own
   connection, before waking it (``Waker.claim_for``; the worker passes the
   claim), and the loop starts from that answer: a job to run, or the seconds
@@ -82,9 +89,14 @@ def jittered(seconds: float) -> float:
 
 class Waker:
     """Routes wake-ups to claim loops. ``groups[slot]`` is the lanes claim
-    loop ``slot`` serves. Thread-safe; every method is O(loops)."""
+    loop ``slot`` serves. ``lendable(lanes)`` (default: none) answers the
+    lanes a loop serving ``lanes`` may borrow from now; it is called under
+    the waker's lock and must not call back. Thread-safe; every method is
+    O(loops)."""
 
-    def __init__(self, groups: Sequence[Iterable[str]]):
+    def __init__(self, groups: Sequence[Iterable[str]],
+                 lendable: Callable[[tuple[str, ...]], frozenset[str]] | None = None):
+        self._lendable = lendable
         self._lanes = [tuple(g) for g in groups]
         self._groups = [frozenset(g) for g in self._lanes]
         self._events = [threading.Event() for _ in self._groups]
@@ -95,25 +107,39 @@ class Waker:
         self._lock = threading.Condition()
         self.wakeups = [0] * len(self._groups)  # per slot, for tests and the gauge
 
-    def _wake_one(self, lane: str | None, exclude: int | None = None) -> bool:
+    def _idle_for(self, lane: str | None, exclude: int | None = None) -> int | None:
+        # An idle loop of the lane first (longest idle first), else an idle
+        # loop that may borrow from it now.
         for slot in self._idle:
             if slot != exclude and (lane is None or lane in self._groups[slot]):
-                self._idle.remove(slot)
-                self.wakeups[slot] += 1
-                self._events[slot].set()
-                return True
-        return False
+                return slot
+        if lane is not None and self._lendable is not None:
+            for slot in self._idle:
+                if slot != exclude and lane in self._lendable(self._lanes[slot]):
+                    return slot
+        return None
+
+    def _wake_one(self, lane: str | None, exclude: int | None = None) -> bool:
+        slot = self._idle_for(lane, exclude)
+        if slot is None:
+            return False
+        self._idle.remove(slot)
+        self.wakeups[slot] += 1
+        self._events[slot].set()
+        return True
 
     def notify(self, lane: str) -> None:
-        """A job of ``lane`` became due: wake one idle loop serving it, or
-        keep the lane pending for the next loop of it that goes idle."""
+        """A job of ``lane`` became due: wake one idle loop serving it (or,
+        none being idle, one that may borrow from it), or keep the lane
+        pending for the next loop of it that goes idle."""
         with self._lock:
             if not self._wake_one(lane) and any(lane in g for g in self._groups):
                 self._pending.add(lane)
 
     def claim_for(self, lane: str, claim: Callable[[tuple[str, ...]], Any]) -> bool:
         """A job of ``lane`` became due: take the idle loop ``notify`` would
-        wake out of the idle list, run ``claim(the lanes it serves)`` on the
+        wake out of the idle list (a borrower when no loop of the lane is
+        idle), run ``claim(the lanes it serves)`` on the
         calling thread (the listener's), and wake the loop with the answer,
         which it ``take``s instead of claiming itself. Answers whether a loop
         was found; when none was, the lane is kept pending, as ``notify``
@@ -121,7 +147,7 @@ class Waker:
         claims for itself) and the exception propagates. A loop whose sleep
         ends meanwhile (its timeout, the drain) waits for this answer."""
         with self._lock:
-            slot = next((s for s in self._idle if lane in self._groups[s]), None)
+            slot = self._idle_for(lane)
             if slot is None:
                 if any(lane in g for g in self._groups):
                     self._pending.add(lane)
@@ -147,16 +173,18 @@ class Waker:
         with self._lock:
             return self._answers.pop(slot, None)
 
-    def spread(self, slot: int) -> None:
-        """Loop ``slot`` claimed a job: wake one idle loop sharing a lane
-        with it (there may be more where that came from)."""
+    def spread(self, slot: int, lane: str | None = None) -> None:
+        """Loop ``slot`` claimed a job of ``lane``: wake one idle loop of
+        that lane, or one that may borrow from it (there may be more where
+        that came from). ``lane`` ``None``: one idle loop sharing a lane
+        with ``slot``."""
         if not self._idle:
             # Unlocked look, once per claimed job: nobody to wake. A loop
             # that goes idle just after would have missed a locked look too.
             return
         with self._lock:
-            for lane in self._groups[slot]:
-                if self._wake_one(lane, exclude=slot):
+            for each in (self._groups[slot] if lane is None else (lane,)):
+                if self._wake_one(each, exclude=slot):
                     return
 
     def wake_all(self) -> None:
@@ -169,10 +197,13 @@ class Waker:
     def sleep(self, slot: int, timeout: float, stop: threading.Event | None = None) -> bool:
         """Loop ``slot`` found nothing: sleep up to ``timeout`` seconds or
         until woken (or ``stop`` is set). Answers at once, ``True``, when one
-        of its lanes is pending (a notification it might have missed). After
+        of its lanes, or of the lanes it may borrow from, is pending (a
+        notification it might have missed). After
         it, ``take(slot)`` says whether the listener claimed for it."""
         with self._lock:
             mine = self._pending & self._groups[slot]
+            if self._pending and not mine and self._lendable is not None:
+                mine = self._pending & self._lendable(self._lanes[slot])
             if mine:
                 self._pending -= mine
                 return True

@@ -20,6 +20,12 @@ holder with no row at all is judged by the lease's expiry alone. Every
 lease-ending write is still fenced on ``locked_by`` and the lease token, so a
 holder judged dead that was only frozen changes nothing when it wakes.
 
+One id, one process: a second process under a live id, or under the id of
+a vpay-worker still running on this host (even frozen), is refused at start
+(``refuse_shared_id``); a process that finds at a beat that its row now
+names another process (``TAKEN_OVER``: it was frozen past its bound and the
+id was taken over) stops claiming and exits, and never registers over it.
+
 Retention: the hourly sweep deletes rows of workers dead or stopped for
 longer than ``DEAD_WORKER_RETENTION_SECONDS`` (``prune``).
 """
@@ -29,7 +35,7 @@ from __future__ import annotations
 import math
 import os
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import psycopg
 from psycopg.rows import dict_row
@@ -62,6 +68,11 @@ DEAD_WORKER_RETENTION_SECONDS = 7 * 86400.0
 a week, to look back at a crash over a weekend). The hourly sweep deletes
 older ones (``prune``), never one whose worker still holds a lease."""
 
+MAX_WORKER_ID_CHARS = 200
+"""The longest ``--worker-id`` accepted (characters): room for a host name
+(64 at most), an instance and a note, short enough to read in ``workers
+list``, a log line and ``jobs.locked_by``."""
+
 STATES = ("live", "dead", "stopped")
 """The ``state`` of a row of ``worker_states``."""
 
@@ -86,6 +97,25 @@ def dead_after_from_env(env: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def worker_id_problem(worker_id: str) -> str | None:
+    """What is wrong with ``worker_id`` as a ``--worker-id`` (one line for the
+    refusal, exit 78), or ``None``. Refused: blank (``""`` would silently be
+    the default), whitespace alone or around it (two ids that look alike),
+    a character ``str.isprintable`` refuses (a control character such as a
+    newline would forge log and table lines; a format or separator
+    character hides), and more than ``MAX_WORKER_ID_CHARS`` characters."""
+    if not worker_id.strip():
+        return "--worker-id is blank: name the worker, or leave the flag out for <hostname>:<pid>"
+    if len(worker_id) > MAX_WORKER_ID_CHARS:
+        return f"--worker-id is {len(worker_id)} characters long; at most {MAX_WORKER_ID_CHARS}"
+    if not worker_id.isprintable():
+        return (f"--worker-id {worker_id!r} holds a control or invisible character; "
+                f"printable characters only")
+    if worker_id != worker_id.strip():
+        return f"--worker-id {worker_id!r} starts or ends with whitespace"
+    return None
+
+
 def beat_interval(dead_after: float) -> float:
     """Seconds between two heartbeats of a worker whose bound is ``dead_after``."""
     return dead_after / BEATS_PER_BOUND
@@ -94,28 +124,154 @@ def beat_interval(dead_after: float) -> float:
 def register(conn: psycopg.Connection, worker_id: str, *, host: str, pid: int,
              lanes: Iterable[str], version: str, dead_after: float,
              started_at: datetime | None = None) -> datetime:
-    """Insert or take over ``worker_id``'s row: live from now (``stopped_at``
-    cleared). ``started_at``: the database's time this process first
-    registered (``None``: now; passed again when a beat finds the row gone,
-    so that a lease this process claimed is never taken for an earlier
-    incarnation's). Answers the row's ``started_at``."""
+    """Insert or take over ``worker_id``'s row, at a process's start (after
+    ``refuse_shared_id``): live from now (``stopped_at`` cleared), naming
+    this process. ``started_at``: ``None`` for now (the registration again
+    of a running process is ``register_again``). Answers the row's
+    ``started_at``."""
     row = conn.execute(Q["worker_register"], {
         "id": worker_id, "host": host, "pid": int(pid), "lanes": list(lanes), "version": version,
         "dead_after": float(dead_after), "started_at": started_at}).fetchone()
     return row[0]
 
 
-def beat(conn: psycopg.Connection, worker_id: str) -> bool:
-    """``heartbeat_at = now()`` on ``worker_id``'s row. Answers ``False`` when
-    there is no row to beat (pruned while the process was frozen for a week,
-    or stopped): the caller registers again."""
-    return conn.execute(Q["worker_beat"], {"id": worker_id}).fetchone() is not None
+def refuse_shared_id(conn: psycopg.Connection, worker_id: str, *, host: str, pid: int,
+                     runs_worker: Callable[[int], bool] | None = None) -> None:
+    """Refuse to start a second process under ``worker_id``. Two processes
+    sharing an id would take each other's leases for a restart's
+    (``lease_holder_gone``: "restarted"), redo each other's work, and show as
+    one row in ``workers list``. Raises ``ConfigError`` (the worker exits 78)
+    when the id's row, not stopped, names another process that may still
+    run: on this host, a pid that still runs a vpay-worker (``runs_worker``,
+    default ``runs_vpay_worker``), live or dead by its heartbeat (a worker
+    frozen by SIGSTOP or a paused VM is dead by its heartbeat but comes
+    back); on another host, a row live by its heartbeat (that host's
+    processes cannot be seen from here). Taken over: a stopped row, a row on
+    this host whose pid is gone or runs something else now (a crash restarted
+    by systemd under ``--worker-id %H:%i``), a row of another host dead by
+    its heartbeat. A process taken over finds out at its next beat and
+    stops (``beat`` answers ``TAKEN_OVER``; vpay/worker/presence.py)."""
+    row = conn.execute(Q["worker_claimant"], {"id": worker_id}).fetchone()
+    if row is None:
+        return
+    other_host, other_pid, state, age = row
+    if state == "stopped" or (other_host == host and other_pid == pid):
+        return
+    if other_host == host:
+        if not (runs_worker or runs_vpay_worker)(other_pid):
+            return
+        if state != "live":
+            raise ConfigError(
+                f"worker id {worker_id!r} is held by a vpay-worker still running on this host (pid "
+                f"{other_pid}, dead by its heartbeat {float(age):.0f} s ago: frozen, and it comes back): "
+                f"give each worker its own --worker-id (systemd: --worker-id %H:%i), or stop that one first")
+    elif state != "live":
+        return
+    raise ConfigError(
+        f"worker id {worker_id!r} is live in another process ({other_host} pid {other_pid}, heartbeat "
+        f"{float(age):.0f} s ago): give each worker its own --worker-id (systemd: --worker-id %H:%i), "
+        f"or stop that one first")
 
 
-def stop(conn: psycopg.Connection, worker_id: str) -> bool:
-    """Mark ``worker_id`` stopped (a clean exit): a lease it still holds is
-    reaped at once. Answers whether a row was marked."""
-    return conn.execute(Q["worker_stop"], {"id": worker_id}).fetchone() is not None
+def runs_vpay_worker(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (``pid_running``) and is a
+    worker: its ``/proc/<pid>/cmdline`` holds an argument named
+    ``vpay-worker`` (the script, in any directory), or ``vpay-server``
+    followed by ``worker``. A pid reused by an unrelated program is not.
+    When the command line cannot be read (``hidepid``), a running pid is
+    taken for a worker: refusing a start is the safe side of the doubt."""
+    if not pid_running(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
+    names = [os.path.basename(a.decode("utf-8", "replace")) for a in raw.split(b"\0") if a]
+    if "vpay-worker" in names:
+        return True
+    return "vpay-server" in names and "worker" in names[names.index("vpay-server") + 1:]
+
+
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie does not: it has
+    exited and waits for its parent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+BEATEN = "beaten"
+GONE = "gone"
+TAKEN_OVER = "taken_over"
+"""What a ``beat`` found: the row beaten; no row (pruned) or this process's
+own row marked stopped; the row names another process (host, pid)."""
+
+
+class Beat(NamedTuple):
+    """A ``beat``'s answer: ``found`` (``BEATEN``, ``GONE``, ``TAKEN_OVER``)
+    and the ``host`` and ``pid`` the row names now (``None``: no row)."""
+
+    found: str
+    host: str | None
+    pid: int | None
+
+
+def beat(conn: psycopg.Connection, worker_id: str, *, host: str, pid: int) -> Beat:
+    """``heartbeat_at = now()`` on ``worker_id``'s row, only while it names
+    this process (``host``, ``pid``) and is not stopped. ``found`` is
+    ``BEATEN``; ``GONE`` when there is no row (pruned while the process was
+    frozen for a week) or this process's own row is stopped: the caller
+    registers again (``register_again``); ``TAKEN_OVER`` when the row names
+    another process (``refuse_shared_id`` let it take the id while this one
+    was frozen): the caller must stop, never register over it."""
+    beaten, row_host, row_pid = conn.execute(
+        Q["worker_beat"], {"id": worker_id, "host": host, "pid": int(pid)}).fetchone()
+    if beaten:
+        return Beat(BEATEN, row_host, row_pid)
+    if row_host is None or (row_host == host and row_pid == int(pid)):
+        return Beat(GONE, row_host, row_pid)
+    return Beat(TAKEN_OVER, row_host, row_pid)
+
+
+def claimant(conn: psycopg.Connection, worker_id: str) -> Beat:
+    """``TAKEN_OVER`` with the host and pid ``worker_id``'s row names now
+    (``None`` when there is none): for a process whose registration again
+    (``register_again``) found the id another process's."""
+    row = conn.execute(Q["worker_claimant"], {"id": worker_id}).fetchone()
+    return Beat(TAKEN_OVER, row[0] if row else None, row[1] if row else None)
+
+
+def register_again(conn: psycopg.Connection, worker_id: str, *, host: str, pid: int,
+                   lanes: Iterable[str], version: str, dead_after: float,
+                   started_at: datetime | None) -> datetime | None:
+    """``register`` for a process whose row a beat found ``GONE``, only while
+    the row, if any, still names this process: answers the row's
+    ``started_at``, or ``None`` (nothing written) when another process
+    registered the id meanwhile (the caller stops, as for ``TAKEN_OVER``)."""
+    row = conn.execute(Q["worker_register_again"], {
+        "id": worker_id, "host": host, "pid": int(pid), "lanes": list(lanes), "version": version,
+        "dead_after": float(dead_after), "started_at": started_at}).fetchone()
+    return row[0] if row else None
+
+
+def stop(conn: psycopg.Connection, worker_id: str, *, host: str, pid: int) -> bool:
+    """Mark ``worker_id`` stopped (a clean exit of process ``pid`` on
+    ``host``): a lease it still holds is reaped at once. Only that process's
+    row: one another process took over is left as it is. Answers whether a
+    row was marked."""
+    return conn.execute(Q["worker_stop"], {"id": worker_id, "host": host,
+                                           "pid": int(pid)}).fetchone() is not None
 
 
 def list_workers(conn: psycopg.Connection, state: str | None = None,

@@ -48,7 +48,7 @@ def resubmit(job, ctx):
                     "not sent again; waiting for a callback's identifier, the horizon and the statement")
     if charge["age_seconds"] < ctx.settings.prompt_ttl_seconds:
         with ctx.pool.connection() as conn:
-            answer = submit(conn, rail, charge, schedule_resubmit=False, resend=True)
+            answer = submit(conn, rail, charge, schedule_resubmit=False, resend=True, pool=ctx.pool)
         if answer_lost(rail, answer):
             return Done(f"request-to-pay answer lost ({answer.reason}); not sent again")
         if answer.kind is SubmitKind.NO_ANSWER:

@@ -84,7 +84,7 @@ class DatabasePauses:
             # send what the fresh one would hold back.
             with self._reading:
                 if self._stale():  # not read by the thread we waited for
-                    self._read(self._clock())
+                    self._read()
         with self._lock:
             held = self._copy.get(rail)
         if held is None:
@@ -98,15 +98,16 @@ class DatabasePauses:
     def _stale(self) -> bool:
         return self._read_at is None or self._clock() - self._read_at >= self.refresh
 
-    def _read(self, now: float) -> None:
+    def _read(self) -> None:
         from vpay.base.queries import Q
-        self._read_at = now  # also on failure: one attempt per refresh, not one per call
         try:
             rows = self._run(Q["rail_pauses_in_force"], None, many=True)
         except Exception as exc:  # noqa: BLE001 - keep the copy; the gate's own pauses hold
             if not self._failing:
                 log.warning("rail pauses not read; using the last copy", extra={"error": _short(exc)})
             self._failing = True
+            # Also on failure: one attempt per refresh, not one per call.
+            self._read_at = self._clock()
             return
         if self._failing:
             log.info("rail pauses read again")
@@ -115,6 +116,12 @@ class DatabasePauses:
         copy = {r[0]: (read_at, _pause(r, r[4])) for r in rows}
         with self._lock:
             self._copy = copy
+        # Only now, after the copy: a thread that finds the copy fresh skips
+        # the reading lock and uses it. Marked fresh at the start of the read,
+        # every other claim loop took the copy from before it (empty in a
+        # process that never read the board) and sent to a paused rail while
+        # the read was on its way (seen with two workers under load).
+        self._read_at = read_at
 
     def _run(self, sql: str, params: dict | None, many: bool = False):
         with self.pool.connection(timeout=WAIT_SECONDS) as conn, conn.transaction():

@@ -21,6 +21,12 @@ the drain". The parts, each in a module of its own:
   job of its lanes is committed due (LISTEN/NOTIFY through one listener
   thread per process), until the next job of its lanes is due (the empty
   claim says when), or for a jittered ``idle_sleep`` at most.
+* Time is shared (vpay/engine/timeshare.py, issue 30): each claim skips
+  the parties (merchants) already at their share of the lane's loops here
+  unless their jobs are known fast, and a claim that raced a sibling past
+  that share is handed back unrun (``unclaim``); a loop whose own lanes
+  have nothing due borrows the oldest due job of another lane that is not
+  slow (``--lend``), one job at a time, its own lanes first at every claim.
 * The worker is a row in ``workers`` (vpay/worker/presence.py), registered
   at start and marked stopped at the exit. The leases held
   (vpay/worker/leases.py) are renewed, and the row beaten, by a
@@ -60,7 +66,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from vpay.base import logs, metrics
 from vpay import __version__
-from vpay.engine import fairness, lanes, queue, vacuum, workers
+from vpay.engine import fairness, lanes, queue, timeshare, vacuum, workers
 from vpay.engine.outcome import JobError, Outcome
 from vpay.engine.liveness import DEAD_AFTER_SECONDS, Liveness
 from vpay.engine.wake import Listener, Waker, jittered
@@ -107,6 +113,12 @@ class WorkerConfig:
     dead_after: float = workers.DEAD_AFTER_SECONDS
     """``VPAY_WORKER_DEAD_AFTER_SECONDS``: this worker is judged dead, and its
     leases reaped, when its heartbeat is older (vpay/engine/workers.py)."""
+    party_share: float = timeshare.PARTY_SHARE
+    """``--party-share``: the fraction of a lane's own loops one party's jobs
+    may hold at once unless they are known fast (vpay/engine/timeshare.py)."""
+    lend: bool = True
+    """``--lend/--no-lend``: a loop whose own lanes have nothing due borrows
+    another lane's due job (vpay/engine/timeshare.py)."""
 
     def loops(self) -> list[tuple[str, ...]]:
         """The lanes each claim loop serves (``lanes.split``)."""
@@ -174,7 +186,9 @@ class Worker:
                                  keep_for=config.lease)
         self.outcomes.kept = self.kept
         self.loops = config.loops()  # lanes.LaneError on a split that does not fit
-        self.waker = Waker(self.loops)
+        self.timeshare = timeshare.TimeShare(self.loops, config.party_share, config.lend,
+                                             passive=config.passive, fixed=config.lane_concurrency)
+        self.waker = Waker(self.loops, self.timeshare.lendable if config.lend else None)
         self.fairness = fairness.Rebalancer()
         self.listener: Listener | None = None
         self.jobs_vacuum: vacuum.JobsVacuum | None = None
@@ -186,7 +200,8 @@ class Worker:
         self.gauge_line = GaugeLine(pool, self.gauge, self.loops, config.worker_id, self.notifier,
                                     lambda: self.ctx.rail_pauses(), self.jobs_vacuum,
                                     lambda: self.listener.snapshot() if self.listener else None)
-        self.presence = Presence(pool, config.worker_id, config.queues, config.dead_after, __version__)
+        self.presence = Presence(pool, config.worker_id, config.queues, config.dead_after, __version__,
+                                 on_taken_over=lambda: signals.request("taken_over"))
         self.heartbeat = maintenance.Heartbeat(self.leases, self.presence, config.lease, self._halt)
         self.reaper = maintenance.Reaper(pool, config.worker_id, self.gauge, config.lease, self._halt,
                                          self.presence)
@@ -229,8 +244,14 @@ class Worker:
                     # of our lanes is due, or the jittered idle sleep ends.
                     self.waker.sleep(slot, idle_timeout(self.config.idle_sleep, next_due))
                     continue
+            borrowed = job.lane not in served
+            if not self._admit(job, borrowed):
+                job = None  # handed back: its party is at its share; claim again
+                continue
+            if borrowed:
+                metrics.job_borrowed(job.lane)
             # There may be more where this came from: one idle sibling claims too.
-            self.waker.spread(slot)
+            self.waker.spread(slot, job.lane)
             if self.fairness.take_turn(job.lane, job.late_by):
                 self._rebalance(job.lane)
             job = self._serve(job, served)
@@ -252,19 +273,43 @@ class Worker:
 
     def _claim_on(self, conn: psycopg.Connection,
                   lanes: tuple[str, ...]) -> tuple[queue.Job | None, float | None]:
-        """``queue.claim_or_next_due`` for this worker on ``conn``, under a
-        lease token of our own: when the statement fails, it may still have
-        committed (the answer lost with the connection), so the claim it may
-        have made is handed back by that token (``Leases.hand_back``) before
-        the error propagates."""
+        """``queue.claim_or_next_due`` for this worker on ``conn``, for a
+        loop serving ``lanes``, within what the time share allows now
+        (``TimeShare.plan``: lanes it may borrow from, parties to skip),
+        under a lease token of our own: when the statement fails, it may
+        still have committed (the answer lost with the connection), so the
+        claim it may have made is handed back by that token
+        (``Leases.hand_back``) before the error propagates."""
         token = queue.new_lease_token()
+        lent, skip = self.timeshare.plan(lanes)
         try:
             return queue.claim_or_next_due(conn, self.config.worker_id, self.config.lease, lanes,
-                                           token=token)
+                                           token=token, lent=lent, skip=skip)
         except psycopg.Error as exc:
             if answer_lost(exc):
                 self.leases.hand_back(token)
             raise
+
+    def _admit(self, job: queue.Job, borrowed: bool = False) -> bool:
+        """Count ``job`` as running (``TimeShare.admit``), or, when its party
+        is already at its share here (a sibling's claim raced ours), hand it
+        back unrun (``queue.unclaim``) and answer ``False``. A hand-back the
+        database refuses leaves the job to run: the share is exceeded once
+        rather than the job left leased to nobody running it."""
+        ts = self.timeshare
+        party = timeshare.party_of(job.kind, job.fair_key)
+        if ts.admit(job.id, job.lane, party, borrowed):
+            return True
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                queue.unclaim(conn, job)
+        except (psycopg.Error, PoolTimeout) as exc:
+            metrics.database_error("claim")
+            log.warning("could not hand back a claim over its party's share; running it",
+                        extra=job_extra(self.config.worker_id, job, error=str(exc)[:300]))
+            return ts.admit(job.id, job.lane, party, force=True)
+        metrics.claim_handed_back(job.lane)
+        return False
 
     def _rebalance(self, lane: str) -> None:
         # The lane is behind: queue each merchant's excess in rounds behind
@@ -301,9 +346,10 @@ class Worker:
                 self.leases.drop(job)
 
     def _run(self, job: queue.Job, claim_next: tuple[str, ...] | None = None) -> queue.Job | None:
-        """Handle ``job`` and apply its outcome. With ``claim_next`` (lanes),
-        a ``Done`` is written together with the claim of the next job of
-        those lanes, which is answered (``None`` when there was none)."""
+        """Handle ``job`` and apply its outcome. With ``claim_next`` (the
+        loop's lanes), a ``Done`` is written together with the claim of the
+        loop's next job (its lanes first, then lanes lent, as
+        ``_claim_on``), which is answered (``None`` when there was none)."""
         wid = self.config.worker_id
         started = time.monotonic()
         error: str | None = None
@@ -319,8 +365,15 @@ class Worker:
             log.error("handler raised", extra=job_extra(
                 wid, job, error=error, traceback=traceback.format_exc(limit=8)))
         elapsed = round(time.monotonic() - started, 3)
+        # The loop is free: its time counts for the job's party and lane
+        # before the next claim is planned (that claim may be this write's).
+        self.timeshare.done(job.id, job.lane, timeshare.party_of(job.kind, job.fair_key), elapsed)
+        scope = None
+        if claim_next is not None:
+            lent, skip = self.timeshare.plan(claim_next)
+            scope = queue.Scope(tuple(claim_next), lent, skip)
         try:
-            kept, nxt = self.outcomes.apply(job, outcome, error, claim_next)
+            kept, nxt = self.outcomes.apply(job, outcome, error, scope)
         except Exception as exc:  # noqa: BLE001 - the claim loop must outlive any one job
             # A statement the database refused, or an answer that is not an
             # Outcome (a bug): the lease is left to the reaper, which counts
@@ -357,10 +410,14 @@ class Worker:
     def run(self) -> Drain:
         """Register this worker's row, reap at boot, run the claim loops and
         helper threads until a signal, drain, and mark the row stopped.
-        Answers the ``Drain``."""
+        Answers the ``Drain``: never ``CLEAN`` when the id was taken over by
+        another process (the heartbeat found the row naming it: the drain
+        began then, and the row, now the other's, is left as it is)."""
         self.presence.register()  # before the boot reap: leases of an earlier process under our id
         drain = self._run_until_drained()
-        self.presence.stop()
+        self.presence.stop()  # nothing when taken over
+        if self.presence.taken_over and drain is Drain.CLEAN:
+            return Drain.TIMED_OUT
         return drain
 
     def _run_until_drained(self) -> Drain:
@@ -372,7 +429,9 @@ class Worker:
                                           "lease_seconds": cfg.lease, "reaped_at_boot": reaped,
                                           "jobs_vacuum_every": cfg.jobs_vacuum_every,
                                           "listener_dead_after_seconds": cfg.listener_dead_after,
-                                          "dead_after_seconds": cfg.dead_after})
+                                          "dead_after_seconds": cfg.dead_after,
+                                          "party_share": cfg.party_share,
+                                          "party_caps": self.timeshare.caps, "lend": cfg.lend})
         # A rail lane riding along for want of its rail calls nobody: not a risk.
         shared = ["+".join(g) for g in dict.fromkeys(self.loops)
                   if len([lane for lane in g if lane not in cfg.passive]) > 1]

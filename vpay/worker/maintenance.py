@@ -69,7 +69,8 @@ class Heartbeat(Service):
     def turn(self) -> None:
         self.leases.release_unanswered()
         self.presence.beat()
-        self.leases.renew()
+        if not self.presence.taken_over:  # under another process's id, nothing held is ours to keep
+            self.leases.renew()
 
 
 class Reaper(Service):

@@ -105,8 +105,10 @@ class OutcomeWriter:
         raised instead."""
 
     def apply(self, job: queue.Job, outcome: Outcome | None, error: str | None,
-              claim_next: tuple[str, ...] | None = None) -> tuple[bool | None, queue.Job | None]:
+              claim_next: queue.Scope | None = None) -> tuple[bool | None, queue.Job | None]:
         """Write the outcome (fenced): ``(kept, next job claimed or None)``.
+        ``claim_next``: with a ``Done``, claim the loop's next job in the same
+        statement, within that scope (its lanes, lanes lent, parties skipped).
         One attempt first; only a database error enters the retrying path
         (tenacity, up to ``RETRY_SECONDS``, fresh connections, no claim), so a healthy
         job pays for no retry machinery. ``kept`` is ``None`` when the
@@ -174,7 +176,7 @@ class OutcomeWriter:
             return kept
 
     def _write(self, conn: psycopg.Connection, job: queue.Job, outcome: Outcome | None,
-               error: str | None, claim_next: tuple[str, ...] | None,
+               error: str | None, claim_next: queue.Scope | None,
                next_token: uuid.UUID | None = None) -> tuple[bool, queue.Job | None]:
         if outcome is None:
             if job.failures + 1 >= queue.MAX_FAILURES:
@@ -192,8 +194,9 @@ class OutcomeWriter:
             # Looked at when writing, not when the job began: a signal during
             # the handler means claim nothing new.
             if claim_next is not None and not self.draining():
-                kept, nxt, _ = queue.finish_and_claim(conn, job, self.lease, claim_next,
-                                                      token=next_token)
+                kept, nxt, _ = queue.finish_and_claim(conn, job, self.lease, claim_next.lanes,
+                                                      token=next_token, lent=claim_next.lent,
+                                                      skip=claim_next.skip)
             else:
                 kept, nxt = queue.finish(conn, job), None
             if kept:

@@ -21,7 +21,8 @@ class Drain(enum.IntEnum):
 
     CLEAN = 0       # every in-flight job finished within the grace
     TIMED_OUT = 1   # the grace ran out (or a second signal), or jobs whose outcome could not
-                    # be written were still leased: leases were released (or left to the reaper)
+                    # be written were still leased, or the worker id was taken over by another
+                    # process: leases were released (or, the database away, left to the reaper)
     CRASHED = 70    # a claim loop died (EX_SOFTWARE): "anything else is a crash"
 
 
@@ -43,6 +44,17 @@ class ShutdownSignals:
             return
         self.received_at = time.monotonic()
         self.signal_name = signal.Signals(signum).name
+        self.stop.set()
+
+    def request(self, reason: str) -> None:
+        """Ask for a drain from inside the process, as a first signal would
+        (``signal_name`` is ``reason``): the worker id was taken over
+        (vpay/worker/presence.py). Only sets flags; any thread. Nothing when
+        a drain was already asked for."""
+        if self.stop.is_set():
+            return
+        self.received_at = time.monotonic()
+        self.signal_name = reason
         self.stop.set()
 
     def install(self) -> "ShutdownSignals":
