@@ -61,8 +61,8 @@ roundtrips, backlog, churn), ``--json PATH`` (all raw figures).
 from __future__ import annotations
 
 import argparse
-import json
 import base64
+import json
 import os
 import random
 import re
