@@ -61,6 +61,7 @@ roundtrips, backlog, churn), ``--json PATH`` (all raw figures).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import random
@@ -530,6 +531,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one round, small counts")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    # Webhook secrets are sealed under VPAY_SECRET_KEYS (docs/security.md): the
+    # worker refuses to start without one, and the bench would wait for it for
+    # ever. A Fernet key (32 random bytes, URL-safe base64) when none is given.
+    os.environ.setdefault("VPAY_SECRET_KEYS", base64.urlsafe_b64encode(os.urandom(32)).decode("ascii"))
     if args.quick:
         # Throughput keeps its 10,000 jobs: at 2,000 the worker drained in
         # 0.7 s, where its start-up (loops spreading over a backlog) and the
