@@ -377,8 +377,12 @@ def test_runs_vpay_worker_tells_a_worker_from_a_pid_reused_by_another_program(tm
     named = {"script": [sys.executable, "-c", sleeper, "/usr/bin/vpay-worker", "--worker-id", "x"],
              "server": [sys.executable, "-c", sleeper, "/opt/venv/bin/vpay-server", "worker"],
              "other": [sys.executable, "-c", sleeper, "less", "vpay-worker.log", "vpay-server", "jobs"]}
-    procs = {name: subprocess.Popen(argv) for name, argv in named.items()}  # back once exec'd
+    procs = {name: subprocess.Popen(argv) for name, argv in named.items()}
     try:
+        from support import wait_until
+        for proc in procs.values():  # each one's own command line, once the kernel shows it
+            wait_until(lambda: b"time.sleep(60)" in open(f"/proc/{proc.pid}/cmdline", "rb").read(),
+                       what="the sleeper's command line")
         assert workers.runs_vpay_worker(procs["script"].pid)
         assert workers.runs_vpay_worker(procs["server"].pid)
         assert not workers.runs_vpay_worker(procs["other"].pid)
