@@ -100,3 +100,17 @@ def test_bad_bounds_are_refused(pool):
         BatchedRecorder(pool, flush_seconds=0)
     with pytest.raises(ValueError):
         BatchedRecorder(pool, max_pending=0)
+
+
+def test_a_rails_nul_byte_or_lone_surrogate_does_not_drop_the_batch_it_rides_in(db, pool):
+    # A rail's text is the rail's: one bad row must not cost the other 500 theirs.
+    rec = BatchedRecorder(pool, flush_seconds=3600)
+    rec._thread = object()  # no writer thread: this test writes by hand
+    for n in range(500):
+        rec(_call(n))
+    rec(_call(500, reason="bad\x00byte"))
+    rec(_call(501, reference="r501\udc80"))
+    assert rec.flush() == 502
+    assert len(_references(db)) == 502
+    assert db.execute("SELECT reason FROM rail_calls WHERE reference = 'r500'").fetchone() == ("bad\ufffdbyte",)
+    assert db.execute("SELECT count(*) FROM rail_calls WHERE reference = 'r501?'").fetchone() == (1,)

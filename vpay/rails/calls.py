@@ -75,6 +75,19 @@ MAX_BATCH = 1_000
 """Rows per statement of a ``BatchedRecorder`` write."""
 
 
+def storable(call: dict) -> dict:
+    """``call`` with every text made storable in a Postgres ``text`` column:
+    a NUL byte (which ``text`` refuses) becomes U+FFFD and a lone surrogate
+    (which UTF-8 cannot encode) becomes ``?``. A rail's reason or reference is
+    the rail's text, not ours: one bad byte in it must not fail the batch
+    that carries the other calls' rows."""
+    def clean(value):
+        if not isinstance(value, str):
+            return value
+        return value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    return {k: clean(v) for k, v in call.items()}
+
+
 class BatchedRecorder:
     """A recorder (``set_recorder``) that writes ``rail_calls`` rows in
     batches through ``pool``: a call is queued (no database work on the
@@ -109,7 +122,7 @@ class BatchedRecorder:
         self._overflowing = False
 
     def __call__(self, call: dict) -> None:
-        row = (self._clock(), call)
+        row = (self._clock(), storable(call))
         with self._lock:
             if self._closed:
                 return
