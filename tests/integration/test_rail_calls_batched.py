@@ -114,3 +114,27 @@ def test_a_rails_nul_byte_or_lone_surrogate_does_not_drop_the_batch_it_rides_in(
     assert len(_references(db)) == 502
     assert db.execute("SELECT reason FROM rail_calls WHERE reference = 'r500'").fetchone() == ("bad\ufffdbyte",)
     assert db.execute("SELECT count(*) FROM rail_calls WHERE reference = 'r501?'").fetchone() == (1,)
+
+
+def test_close_returns_within_its_bound_while_a_write_waits_on_the_database(db_url, pool):
+    # Review of issue 30: close() joined the writer, then waited on its write
+    # without a bound; a write the database never answers held the drain. Here
+    # the write waits on a real lock held by another session.
+    import threading
+
+    import psycopg
+
+    from support import wait_until
+    with psycopg.connect(db_url) as locker:
+        locker.execute("LOCK TABLE rail_calls IN ACCESS EXCLUSIVE MODE")
+        rec = BatchedRecorder(pool, flush_seconds=0.01)
+        rec(_call(1))
+        wait_until(lambda: locker.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'rail_calls'::regclass"
+        ).fetchone()[0] > 0, what="the batch's write to wait on the lock")
+        closer = threading.Thread(target=rec.close, kwargs={"timeout": 0.2}, daemon=True)
+        closer.start()
+        closer.join(10)
+        stuck = closer.is_alive()
+        locker.rollback()
+    assert not stuck, "close() waited on the stuck write past its bound"

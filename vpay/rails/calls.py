@@ -183,13 +183,22 @@ class BatchedRecorder:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread and write what is left (at most ``timeout`` seconds
-        waiting for a connection). Calls after it are not recorded."""
+        waiting for the thread, for a write in flight, and for a connection:
+        a write that hangs is left to its daemon thread, and what it holds is
+        not recorded). Calls after it are not recorded."""
         with self._lock:
             self._closed = True
             thread = self._thread
         self._wake.set()
         if thread is not None:
             thread.join(timeout)
+        # A write stuck on a database that stopped answering (no reply, no
+        # error) holds _writing: the drain must not wait on it for ever.
+        if not self._writing.acquire(timeout=timeout):
+            rail_log.warning("rail calls not recorded: a write still waits on the database",
+                             extra={"rows": self.pending()})
+            return
+        self._writing.release()
         self.flush(timeout)
 
     def _run(self) -> None:
