@@ -40,6 +40,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -274,9 +275,69 @@ class DeadlineAdapter(HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = dict(WATCHED_POOLS)
 
 
+MAX_ENVIRONMENT_ORIGINS = 64
+"""How many origins (scheme, host, port) a ``RailSession`` keeps the
+environment's answer for; past it the kept answers are dropped and read
+again. A rail adapter talks to one or two."""
+
+
+class RailSession(requests.Session):
+    """A ``requests.Session`` that reads the environment once per origin.
+
+    ``requests`` with ``trust_env`` scans the whole of ``os.environ`` three
+    times per request (``HTTP(S)_PROXY``/``NO_PROXY`` twice, the CA bundle
+    once) and opens ``~/.netrc``: in the bench's environment that was 40 %
+    of a MoMo status read's CPU (issue 30, bench/charges.py under yappi).
+    Here ``trust_env`` is off and the same answers are supplied by hand:
+
+    * proxies: ``requests.utils.get_environ_proxies(url)`` (``NO_PROXY``
+      applied), read at the first request to an origin and kept (at most
+      ``MAX_ENVIRONMENT_ORIGINS``): a change of the environment after that
+      is not seen by this session (a new adapter reads it again);
+    * trust: ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` when the call did
+      not name its own, as ``requests`` does;
+    * ``~/.netrc`` is never read: every rail call sets its own
+      ``Authorization``, which a ``.netrc`` entry for the rail's host would
+      otherwise replace.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trust_env = False
+        self._environment: dict[str, tuple[dict[str, str], str | None]] = {}
+        self._environment_lock = threading.Lock()
+
+    def request(self, method, url, *args, **kwargs):  # noqa: D102 - requests' signature
+        proxies, bundle = self._from_environment(url)
+        if proxies:
+            given = dict(kwargs.get("proxies") or {})
+            for scheme, proxy in proxies.items():
+                given.setdefault(scheme, proxy)
+            kwargs["proxies"] = given
+        if bundle and kwargs.get("verify") in (True, None):
+            kwargs["verify"] = bundle
+        return super().request(method, url, *args, **kwargs)
+
+    def _from_environment(self, url: str) -> tuple[dict[str, str], str | None]:
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        with self._environment_lock:
+            known = self._environment.get(origin)
+        if known is not None:
+            return known
+        known = (requests.utils.get_environ_proxies(url),
+                 os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or None)
+        with self._environment_lock:
+            if len(self._environment) >= MAX_ENVIRONMENT_ORIGINS:
+                self._environment.clear()
+            self._environment[origin] = known
+        return known
+
+
 def new_session() -> requests.Session:
-    """A ``requests.Session`` whose requests a ``Deadline`` bounds."""
-    session = requests.Session()
+    """A ``RailSession`` whose requests a ``Deadline`` bounds (every rail
+    adapter's default session)."""
+    session = RailSession()
     adapter = DeadlineAdapter()
     session.mount("http://", adapter)
     session.mount("https://", adapter)
