@@ -70,91 +70,24 @@ SELECT c.*,
  WHERE c.id = %(id)s;
 
 -- name: charge_settle
--- A charge's settle in ONE statement (issue 30; vpay.money.charges, CHARGES's
--- settle_in_one): the compare-and-swap on the charge (only a live one ends;
--- %(polled)s: a status read said so, and the read is stamped as
+-- A charge's settle in ONE round trip (issue 30; vpay.money.charges, CHARGES's
+-- settle_in_one): vpay_charge_settle (sql/0028_settle_locks_first.sql) waits
+-- for the charge's row and its intent's, then, reading the database as of
+-- after those waits, runs the compare-and-swap on the charge (only a live one
+-- ends; %(polled)s: a status read said so, and the read is stamped as
 -- pollable_record_poll would), its intent following (unless it moved on its
 -- own, e.g. canceled: kept, the merchant is still told), the one event of the
--- transition under its id (ON CONFLICT (id) DO NOTHING: the same transition
+-- transition under its id (ON CONFLICT DO NOTHING: the same transition
 -- written before, e.g. on another timeline: no second event, no second
 -- delivery) with data as intent_view / charge_view write it (iso_8601,
--- sql/0027), and its deliveries with their deliver jobs, as insert_event's.
--- No row when the CAS matched nothing: the caller reads what is there
--- (pollable_current). A row whose event id is taken by another type or
--- intent (only a hash collision could) fails the whole statement:
--- vpay_refuse, SQLSTATE VP001. Keep it under 4096 bytes as sent
--- (vpay.base.queries.sent_text): longer, psycopg would neither cache nor
--- prepare it.
-WITH charge AS (
-    UPDATE charges
-       SET status = %(status)s, failure_code = %(failure_code)s,
-           rail_transaction_id = %(rail_transaction_id)s, settled_at = now(),
-           last_polled_at = CASE WHEN %(polled)s THEN now() ELSE last_polled_at END,
-           submitted_at = CASE WHEN %(polled)s THEN coalesce(submitted_at, now()) ELSE submitted_at END
-     WHERE id = %(id)s AND status IN ('pending', 'unresolved')
-    RETURNING *
-), moved AS (
-    UPDATE payment_intents i
-       SET status = %(intent_status)s, next_action = NULL, updated_at = now()
-      FROM charge
-     WHERE i.id = charge.payment_intent_id AND i.status IN ('requires_confirmation', 'processing')
-    RETURNING i.*
-), intent AS (
-    SELECT * FROM moved
-    UNION ALL
-    SELECT i.* FROM payment_intents i JOIN charge ON i.id = charge.payment_intent_id
-     WHERE NOT EXISTS (SELECT 1 FROM moved)
-), event AS (
-    INSERT INTO events (id, type, payment_intent_id, data)
-    SELECT %(event_id)s, %(event_type)s, i.id, jsonb_build_object(
-        'object', jsonb_build_object(
-            'id', i.id, 'object', 'payment_intent', 'amount', i.amount, 'currency', i.currency,
-            'status', i.status, 'next_action', i.next_action, 'description', i.description,
-            'merchant', i.merchant_id, 'created', iso_8601(i.created_at),
-            'updated', iso_8601(i.updated_at)),
-        'charge', jsonb_build_object(
-            'id', c.id, 'payment_intent_id', c.payment_intent_id, 'rail', c.rail,
-            'rail_reference', c.rail_reference, 'payer', c.payer, 'amount', c.amount,
-            'currency', c.currency, 'status', c.status, 'failure_code', c.failure_code,
-            'rail_transaction_id', c.rail_transaction_id, 'created_at', iso_8601(c.created_at),
-            'submitted_at', iso_8601(c.submitted_at), 'settled_at', iso_8601(c.settled_at),
-            'unresolved_at', iso_8601(c.unresolved_at),
-            'prompt_expired_at', iso_8601(c.prompt_expired_at),
-            'last_polled_at', iso_8601(c.last_polled_at)))
-        || CASE WHEN c.status = 'failed'
-                THEN jsonb_build_object('failure_code', c.failure_code,
-                                        'failure_kind', %(failure_kind)s::text)
-                ELSE '{}'::jsonb END
-      FROM charge c, intent i
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id, type
-), targets AS (
-    SELECT e.id AS event_id, w.id AS endpoint_id, w.merchant_id
-      FROM event e, intent i
-      JOIN webhook_endpoints w ON w.merchant_id = i.merchant_id AND w.enabled
-     WHERE '*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events)
-), recorded AS (
-    INSERT INTO webhook_deliveries (event_id, endpoint_id)
-    SELECT event_id, endpoint_id FROM targets
-    ON CONFLICT (event_id, endpoint_id) DO NOTHING
-    RETURNING event_id, endpoint_id
-), delivering AS (
-    INSERT INTO jobs (kind, lane, dedupe_key, payload, fair_key)
-    SELECT 'deliver', 'webhooks', 'deliver:' || r.event_id || ':' || r.endpoint_id,
-           jsonb_build_object('event_id', r.event_id, 'endpoint_id', r.endpoint_id), t.merchant_id
-      FROM recorded r JOIN targets t USING (event_id, endpoint_id)
-    ON CONFLICT (dedupe_key) DO NOTHING
-    RETURNING 1
-), before AS (
-    SELECT type, payment_intent_id FROM events WHERE id = %(event_id)s
-)
-SELECT c.id, c.payment_intent_id, c.status, c.failure_code,
-       (SELECT count(*) FROM event) AS events, (SELECT count(*) FROM delivering) AS deliveries,
-       CASE WHEN b.type IS NOT NULL AND (b.type <> %(event_type)s OR b.payment_intent_id <> c.payment_intent_id)
-            THEN vpay_refuse('event id ' || %(event_id)s || ' of ' || %(event_type)s || ' on '
-                             || c.payment_intent_id || ' is taken by ' || b.type || ' on '
-                             || b.payment_intent_id) END AS refused
-  FROM charge c LEFT JOIN before b ON true;
+-- sql/0027), and its deliveries with their deliver jobs, as insert_event's
+-- (keep the two alike). No row when the CAS matched nothing: the caller reads
+-- what is there (pollable_current). A row whose event id is taken by another
+-- type or intent (only a hash collision could) fails the whole statement:
+-- vpay_refuse, SQLSTATE VP001.
+SELECT id, payment_intent_id, status, failure_code, events, deliveries, refused
+  FROM vpay_charge_settle(%(id)s, %(status)s, %(failure_code)s, %(rail_transaction_id)s, %(polled)s,
+                          %(intent_status)s, %(event_id)s, %(event_type)s, %(failure_kind)s);
 
 -- name: insert_alert
 -- charge_unresolved is unique per charge, refund_unresolved per refund, and

@@ -8,6 +8,7 @@ a proxy counting ``Sync`` and ``Query`` messages)."""
 from __future__ import annotations
 
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from support import wait_until
 from vpay import handlers, webhooks
 from vpay.base import db as vdb
 from vpay.engine import queue
@@ -146,6 +148,77 @@ def test_an_intent_that_moved_on_its_own_is_kept_and_the_merchant_still_told(db,
     assert (charge["status"], intent["status"]) == ("succeeded", "canceled")
     [(data,)] = db.execute("SELECT data FROM events WHERE type = 'payment_intent.succeeded'").fetchall()
     assert data["object"]["status"] == "canceled" and data["charge"]["status"] == "succeeded"
+
+
+# ---- what changed while the settle waited for the charge's row -------------------------
+
+
+def _settle_behind_a_lock(db_url, db, charge_id, meanwhile) -> charges.Settled:
+    """Hold the charge's row in another transaction, start the settle (which
+    waits for it), run ``meanwhile`` (committed) while it waits, release."""
+    result: list = []
+    with psycopg.connect(db_url) as holder:
+        holder.execute("SELECT 1 FROM charges WHERE id = %s FOR UPDATE", (charge_id,))
+        settler = psycopg.connect(db_url, autocommit=True)
+        pid = settler.info.backend_pid
+        thread = threading.Thread(target=lambda: result.append(
+            charges.settle(settler, charge_id, StatusKind.SUCCEEDED)), daemon=True)
+        thread.start()
+        wait_until(lambda: db.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                      (pid,)).fetchone() == (True,), what="the settle to wait for the row")
+        meanwhile()
+        holder.rollback()
+    thread.join(timeout=30)
+    settler.close()
+    assert result, "the settle did not end"
+    return result[0]
+
+
+def test_an_endpoint_enabled_while_the_settle_waited_for_the_charge_gets_its_delivery(db_url, db, merchant):
+    # One statement reads the database as of its start: a settle that waited
+    # for the charge's row missed an endpoint enabled meanwhile (review of
+    # the one-statement settle). The row locks come first now.
+    created = _payment(db, merchant)
+    added: list = []
+    settled = _settle_behind_a_lock(db_url, db, created.charge["id"], lambda: added.append(
+        webhooks.add_endpoint(db, merchant, "http://127.0.0.1:9/late", permit_private=True)))
+    assert settled.transitioned
+    event_id = charges.event_id_of("payment_intent.succeeded", created.charge)
+    assert db.execute("SELECT endpoint_id FROM webhook_deliveries WHERE event_id = %s",
+                      (event_id,)).fetchall() == [(added[0]["id"],)]
+    assert db.execute("SELECT count(*) FROM jobs WHERE dedupe_key = %s",
+                      (f"deliver:{event_id}:{added[0]['id']}",)).fetchone() == (1,)
+
+
+def test_an_intent_moved_while_the_settle_waited_is_told_as_it_is(db_url, db, merchant):
+    created = _payment(db, merchant)
+    settled = _settle_behind_a_lock(db_url, db, created.charge["id"], lambda: db.execute(
+        "UPDATE payment_intents SET status = 'canceled' WHERE id = %s", (created.intent["id"],)))
+    assert settled.transitioned
+    _, intent = _rows(db, created.charge["id"])
+    [(data,)] = db.execute("SELECT data FROM events WHERE type = 'payment_intent.succeeded'").fetchall()
+    assert intent["status"] == "canceled" and data["object"] == intent_view(intent)
+
+
+def test_a_settle_that_waited_behind_another_settle_writes_nothing(db_url, db, merchant):
+    created = _payment(db, merchant)
+    charge_id = created.charge["id"]
+    result: list = []
+    with psycopg.connect(db_url) as first:
+        assert charges.settle(first, charge_id, StatusKind.SUCCEEDED).transitioned  # not committed yet
+        second = psycopg.connect(db_url, autocommit=True)
+        pid = second.info.backend_pid
+        thread = threading.Thread(target=lambda: result.append(
+            charges.settle(second, charge_id, StatusKind.SUCCEEDED)), daemon=True)
+        thread.start()
+        wait_until(lambda: db.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                      (pid,)).fetchone() == (True,), what="the second settle to wait")
+        first.commit()
+    thread.join(timeout=30)
+    second.close()
+    assert result == [charges.Settled(False, "succeeded")]
+    assert db.execute("SELECT count(*) FROM events WHERE type = 'payment_intent.succeeded'").fetchone() == (1,)
+    assert db.execute("SELECT count(*) FROM alerts").fetchone() == (0,)
 
 
 # ---- deliveries born with the event --------------------------------------------------
