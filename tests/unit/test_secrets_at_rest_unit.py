@@ -155,3 +155,19 @@ def test_request_fed_labels_map_into_fixed_sets(monkeypatch):
     assert metrics.api_labels("BREW", "/healthz", 405) == ("other", "/healthz", "405")
     assert metrics.api_labels("get", None, 404) == ("other", "(no route)", "404")
     assert metrics.api_labels("GET", "/made/{up}", 299) == ("GET", "other", "other")
+
+
+def test_an_opened_secret_is_kept_per_box_bounded_and_a_box_of_other_keys_still_refuses():
+    # Every delivery attempt opens its endpoint's secret: the box keeps what
+    # it opened (issue 30), never across key sets, at most MAX_OPENED.
+    box = SecretBox((new_key(),))
+    sealed = box.seal("whsec_kept")
+    assert box.open(sealed) == "whsec_kept"
+    object.__setattr__(box, "_all", None)  # a second open that decrypted again would fail here
+    assert box.open(sealed) == "whsec_kept"
+    with pytest.raises(WrongKey):
+        SecretBox((new_key(),)).open(sealed)
+    other = SecretBox((new_key(),))
+    for n in range(secretbox.MAX_OPENED + 10):
+        other.open(other.seal(f"whsec_{n}"))
+    assert len(other._opened) <= secretbox.MAX_OPENED

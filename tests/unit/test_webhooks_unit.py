@@ -223,3 +223,23 @@ def test_timeouts_come_from_the_environment():
         webhooks.timeouts({"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "fast"})
     with pytest.raises(ConfigError):
         webhooks.timeouts({"VPAY_WEBHOOK_READ_TIMEOUT_SECONDS": "0"})
+
+
+def test_a_url_checked_again_is_resolved_again_though_its_parse_is_kept():
+    # The URL's static checks are kept per process (issue 30: a tenth of an
+    # attempt's CPU); its DNS answer never is, so a name that turns private
+    # between two attempts is refused at the second (rebinding).
+    from vpay.webhooks import policy
+    answers = [["93.184.216.34"], ["10.0.0.7"]]
+    resolve = lambda host, port: answers.pop(0)  # noqa: E731
+    url = "https://receiver.example.com/hooks/kept"
+    first = policy.check_url(url, allow_private=False, resolver=resolve)
+    assert first.addresses == ("93.184.216.34",) and first.host == "receiver.example.com"
+    with pytest.raises(policy.UrlRefused, match="10.0.0.7, a private address") as refused:
+        policy.check_url(url, allow_private=False, resolver=resolve)
+    assert refused.value.permanent is False
+    assert policy._static_target.cache_info().maxsize == policy.MAX_PARSED_URLS
+    # a refusal is not kept as an answer: the same text refused every time
+    for _ in range(2):
+        with pytest.raises(policy.UrlRefused, match="scheme must be https"):
+            policy.check_url("http://receiver.example.com/x", allow_private=False, resolver=resolve)

@@ -67,6 +67,11 @@ def _keys_text(env: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
+MAX_OPENED = 256
+"""How many opened secrets a ``SecretBox`` keeps (by their sealed text);
+past it they are dropped and opened again."""
+
+
 @dataclass(frozen=True)
 class SecretBox:
     """Seals and opens stored secrets under ``keys`` (Fernet keys, newest
@@ -89,6 +94,10 @@ class SecretBox:
             raise ConfigError(f"{KEYS_ENV} holds no key")
         object.__setattr__(self, "_newest", fernets[0])
         object.__setattr__(self, "_all", MultiFernet(fernets))
+        # what this box opened, by sealed text: every delivery attempt opens
+        # its endpoint's secret (issue 30); a box is per key set, so a new
+        # key set opens everything again
+        object.__setattr__(self, "_opened", {})
 
     def seal(self, plaintext: str) -> str:
         """``plaintext`` sealed under the newest key: ``fernet:<token>``."""
@@ -99,13 +108,20 @@ class SecretBox:
         a plaintext one (not yet sealed) as it is. Raises ``WrongKey``."""
         if not is_sealed(stored):
             return stored
+        opened = self._opened.get(stored)
+        if opened is not None:
+            return opened
         from cryptography.fernet import InvalidToken
         try:
-            return self._all.decrypt(stored[len(PREFIX):].encode("ascii")).decode("utf-8")
+            opened = self._all.decrypt(stored[len(PREFIX):].encode("ascii")).decode("utf-8")
         except (InvalidToken, UnicodeError):
             raise WrongKey(f"{KEYS_ENV} cannot open a stored secret: none of its {len(self.keys)} "
                            f"key(s) sealed it (a wrong key, or an old key dropped before "
                            f"`vpay-server secrets rotate` finished)") from None
+        if len(self._opened) >= MAX_OPENED:
+            self._opened.clear()
+        self._opened[stored] = opened
+        return opened
 
     def current(self, stored: str) -> bool:
         """Whether ``stored`` is sealed under the newest key (nothing to rotate)."""

@@ -12,10 +12,11 @@ Sources: Standard Webhooks, "Server side request forgery"; the webhooks issue.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -143,6 +144,35 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True,
     """
     if not isinstance(url, str) or not url:
         raise UrlRefused("the URL is empty", permanent=True)
+    target = _static_target(url, allow_private)
+    if target.addresses or not resolve:
+        return target  # a literal address, checked; or only the static rules asked for
+    host, port = target.host, target.port
+    try:
+        addresses = (resolver or resolve_host)(host, port)
+    except OSError as exc:
+        raise UrlRefused(f"{host} does not resolve: {exc}", permanent=False) from None
+    if not addresses:
+        raise UrlRefused(f"{host} does not resolve", permanent=False)
+    for ip in addresses:
+        problem = address_problem(ip, allow_private=allow_private)
+        if problem:
+            raise UrlRefused(f"{host} resolves to {ip}, a {problem} address", permanent=False)
+    return replace(target, addresses=tuple(addresses))
+
+
+MAX_PARSED_URLS = 1024
+"""How many URLs' static checks (``_static_target``) a process keeps: every
+delivery attempt checks its URL again, and parsing it was a tenth of an
+attempt's CPU (issue 30). The DNS answer and its check are never kept."""
+
+
+@functools.lru_cache(maxsize=MAX_PARSED_URLS)
+def _static_target(url: str, allow_private: bool) -> Target:
+    """``check_url``'s rules that depend on the URL text alone (and the
+    development flag): the ``Target`` with ``addresses`` empty, or, for a
+    literal IP, that one address checked. Raises ``UrlRefused``
+    (permanent); refusals are not kept (``lru_cache`` keeps answers only)."""
     if len(url) > MAX_URL_LENGTH:
         raise UrlRefused(f"the URL is longer than {MAX_URL_LENGTH} characters", permanent=True)
     if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
@@ -178,19 +208,7 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True,
         if problem:
             raise UrlRefused(f"{host} is a {problem} address", permanent=True)
         return Target(prepared.url, scheme, literal, port, path, (literal,))
-    if not resolve:
-        return Target(prepared.url, scheme, host, port, path, ())
-    try:
-        addresses = (resolver or resolve_host)(host, port)
-    except OSError as exc:
-        raise UrlRefused(f"{host} does not resolve: {exc}", permanent=False) from None
-    if not addresses:
-        raise UrlRefused(f"{host} does not resolve", permanent=False)
-    for ip in addresses:
-        problem = address_problem(ip, allow_private=allow_private)
-        if problem:
-            raise UrlRefused(f"{host} resolves to {ip}, a {problem} address", permanent=False)
-    return Target(prepared.url, scheme, host, port, path, tuple(addresses))
+    return Target(prepared.url, scheme, host, port, path, ())
 
 
 def _literal_ip(host: str) -> str | None:
