@@ -12,6 +12,7 @@ signal to the installed vpay-worker while its status read is inside a slow rail.
 from __future__ import annotations
 
 import signal
+import subprocess
 
 import pytest
 
@@ -146,3 +147,42 @@ def test_second_signal_skips_the_rest_of_the_grace(db, db_url, pool, sandbox, me
     assert line["hurried"] is True and line["released"] == 1
     assert _poll(db, slow) == {"locked_by": None, "leased": False, "due": True, "attempts": 1}
     assert _status(db, slow["id"]) == "pending"
+
+
+def test_a_drain_whose_database_went_silent_still_ends_within_its_bounds(db, db_url, spawn, tmp_path):
+    # Review of issue 25: the drain's lease release waited on a database that
+    # went silent (a stuck proxy, a NAT that dropped its mapping: every byte
+    # acknowledged, nothing answered, no FIN, no RST) for ever, past the grace
+    # and systemd's stop timeout: its pooled connection's idle check never
+    # returned. The check now waits CHECK_ANSWER_SECONDS, and each exit write
+    # EXIT_WRITE_SECONDS, for an answer (vpay.base.db.answer_within).
+    from pg_relay import BlackholeRelay
+    from vpay.engine import queue
+    from vpay.base.db import CHECK_ANSWER_SECONDS
+    from vpay.worker.leases import EXIT_WRITE_SECONDS
+
+    relay = BlackholeRelay(db_url)
+    try:
+        worker = spawn("vpay-worker", "--idle-sleep", "0.1", "--shutdown-grace-seconds", "1",
+                       "--worker-id", "silent-db",
+                       env=base_env(relay.url, VPAY_TEST_HANDLERS="1"))
+        worker.wait_for_log("worker started")
+        queue.enqueue(db, "test.hold", "hold:silent-db", {"until": str(tmp_path / "never")})
+        wait_until(lambda: db.execute("SELECT locked_by FROM jobs WHERE dedupe_key = 'hold:silent-db'")
+                   .fetchone() == ("silent-db",), timeout=30, what="the held job to be claimed")
+        assert relay.blackhole(b"vpay") >= 1  # every connection of the worker
+        worker.signal(signal.SIGTERM)
+        # grace 1 s, then the release and the workers row, each bounded
+        try:
+            code = worker.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == 1, worker.text()[-4000:]
+        # Either a silent connection failed its idle check and a new one
+        # released the lease, or no connection came in time and the lease is
+        # left to the reaper, as the line says: never a wait without end.
+        (timed_out,) = [line for line in worker.lines() if line.get("drain") == "timed_out"]
+        assert timed_out["released"] == 1 or worker.find("could not release leases; they will be reaped")
+        assert CHECK_ANSWER_SECONDS <= 5 and EXIT_WRITE_SECONDS <= 10  # systemd's stop timeout: grace + 15 s
+    finally:
+        relay.close()

@@ -25,9 +25,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Callable, Mapping
@@ -51,6 +53,11 @@ is almost surely alive, and one that died since fails its next statement,
 which every caller already survives (a database error is retried; the pool
 discards a broken connection when it comes back). Checking every checkout
 cost a round trip per checkout (issue #15)."""
+
+CHECK_ANSWER_SECONDS = 2.0
+"""How long that check waits for its answer (seconds): a connection that has
+gone silent (a stuck proxy, a NAT that dropped its mapping) is replaced
+after it rather than holding the checkout, and whoever waits on it, for ever."""
 
 _MIGRATE_LOCK = 7_316_240_051  # pg_advisory_xact_lock key for migrate; any fixed number
 
@@ -247,10 +254,14 @@ def check_if_idle(conn: psycopg.Connection) -> None:
     once less. Raises what the check raises; the pool then replaces the
     connection. (Not a ``reset`` hook stamping the return: psycopg_pool hands
     every return to its worker thread when a reset hook is set, a thread
-    switch per checkout.)"""
+    switch per checkout.) The check waits at most ``CHECK_ANSWER_SECONDS``
+    for its answer (``answer_within``)."""
     now = time.monotonic()
     if now - getattr(conn, "_vpay_handed_out_at", float("-inf")) >= CHECK_IDLE_SECONDS:
-        ConnectionPool.check_connection(conn)
+        # a connection gone silent (every byte acknowledged, nothing answered)
+        # would hold the checkout for ever: unanswered in time, it is dead
+        with answer_within(conn, CHECK_ANSWER_SECONDS):
+            ConnectionPool.check_connection(conn)
     conn._vpay_handed_out_at = now
 
 
@@ -344,3 +355,29 @@ def connect(url: str) -> psycopg.Connection:
     (``psycopg.OperationalError``)."""
     return psycopg.connect(url, autocommit=True, connect_timeout=max(1, round(open_timeout())),
                            **connect_kwargs())
+
+
+@contextlib.contextmanager
+def answer_within(conn: psycopg.Connection, seconds: float):
+    """Bound what ``conn`` is asked inside the block to ``seconds`` in all,
+    whatever the path to the server does: when the time passes, the
+    connection's socket is shut (``vpay.base.http_deadline.Deadline``, the
+    process's one watchdog thread) and the statement waiting on it fails with
+    ``psycopg.OperationalError``; the pool then drops the connection.
+
+    For the writes of a worker's exit (the drain's lease releases, the
+    workers row): a server that went silent behind a stuck proxy or a NAT
+    that dropped its mapping acknowledges nothing and refuses nothing, and
+    neither ``statement_timeout`` (the server's) nor TCP keepalives (the
+    relay's kernel answers them) ends the wait. Answers the ``Deadline``
+    (``.expired`` says whether it was the time)."""
+    from vpay.base.http_deadline import Deadline
+    with Deadline(seconds) as deadline:
+        try:
+            sock = socket.socket(fileno=os.dup(conn.fileno()))
+        except (OSError, ValueError, psycopg.Error):
+            sock = None  # closed already: nothing to bound
+        if sock is not None:
+            deadline.attach(sock)  # keeps a descriptor of its own
+            sock.close()
+        yield deadline

@@ -19,9 +19,16 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from vpay.base import metrics
+from vpay.base.db import answer_within
 from vpay.engine import queue
 
 log = logging.getLogger("vpay.worker")
+
+EXIT_WRITE_SECONDS = 5.0
+"""How long a lease release may wait for the database's answer (seconds),
+on top of the wait for a pooled connection: past it the release is given up
+(the reaper frees those leases when they run out), so a database that went
+silent cannot hold a drain past its grace (``vpay.base.db.answer_within``)."""
 
 MAX_UNANSWERED = 1000
 """Tokens of claims whose answer was lost that a worker keeps to hand back
@@ -84,9 +91,9 @@ class Leases:
         answers how many were released, 0 when the database cannot be
         reached (the reaper frees them when they run out)."""
         try:
-            with self.pool.connection(timeout=5) as conn:
+            with self.pool.connection(timeout=5) as conn, answer_within(conn, EXIT_WRITE_SECONDS):
                 return queue.release(conn, self.worker_id, tokens)
-        except psycopg.Error as exc:
+        except (psycopg.Error, PoolTimeout) as exc:
             metrics.database_error("leases")
             log.error("could not release leases; they will be reaped",
                       extra={"worker_id": self.worker_id, "error": str(exc)[:300]})
@@ -114,7 +121,7 @@ class Leases:
         if not tokens:
             return 0
         try:
-            with self.pool.connection(timeout=5) as conn:
+            with self.pool.connection(timeout=5) as conn, answer_within(conn, EXIT_WRITE_SECONDS):
                 released = queue.release(conn, self.worker_id, tokens)
         except (psycopg.Error, PoolTimeout) as exc:
             log.error("could not release the leases of jobs whose outcome was not written; "
@@ -148,7 +155,7 @@ class Leases:
         if not tokens:
             return
         try:
-            with self.pool.connection(timeout=2) as conn:
+            with self.pool.connection(timeout=2) as conn, answer_within(conn, EXIT_WRITE_SECONDS):
                 released = queue.release(conn, self.worker_id, tokens)
         except (psycopg.Error, PoolTimeout):
             return  # the heartbeat tries again

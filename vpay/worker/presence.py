@@ -27,7 +27,9 @@ from typing import Callable, Iterable
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from vpay.base.db import answer_within
 from vpay.engine import workers
+from vpay.worker.leases import EXIT_WRITE_SECONDS
 
 log = logging.getLogger("vpay.worker")
 
@@ -144,7 +146,7 @@ class Presence:
         if self.taken_over:
             return
         try:
-            with self.pool.connection(timeout=2.0) as conn:
+            with self.pool.connection(timeout=2.0) as conn, answer_within(conn, EXIT_WRITE_SECONDS):
                 workers.stop(conn, self.worker_id, host=self.host, pid=self.pid)
         except (psycopg.Error, PoolTimeout) as exc:
             log.warning("could not mark this worker stopped; its heartbeat will age",
