@@ -333,3 +333,26 @@ def test_tokens_kept_while_the_database_is_away_are_bounded_and_handed_back_by_t
         w._halt.set()
         beat.join(5)
     assert not w.leases.unanswered
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_hand_back_over_the_share_whose_answer_was_lost_does_not_run_the_job(db, pool, monkeypatch, committed):
+    # Review of issue 30: the hand-back (unclaim) committed, its answer lost
+    # with the connection, and the loop ran the job anyway while it was due
+    # for every other worker. Now it is not run; if the hand-back had not
+    # committed, the lease goes back by its token when the database answers.
+    queue.enqueue(db, "test.count", "over-share", lane="housekeeping")
+    w = _worker(pool)
+    job = queue.claim(db, w.config.worker_id, 300.0, ["housekeeping"])
+    real_unclaim = queue.unclaim
+
+    def lost(conn, j):
+        if committed:
+            real_unclaim(conn, j)
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(queue, "unclaim", lost)
+    monkeypatch.setattr(w.timeshare, "admit", lambda *a, force=False, **k: force)  # the party is at its share
+    assert w._admit(job) is False  # not run; handed back by its token (at once: the database answers)
+    assert db.execute("SELECT locked_by, run_at <= now() FROM jobs WHERE dedupe_key = 'over-share'").fetchone() \
+        == (None, True)

@@ -295,7 +295,10 @@ class Worker:
         is already at its share here (a sibling's claim raced ours), hand it
         back unrun (``queue.unclaim``) and answer ``False``. A hand-back the
         database refuses leaves the job to run: the share is exceeded once
-        rather than the job left leased to nobody running it."""
+        rather than the job left leased to nobody running it. A hand-back
+        whose answer was lost does not: it may have committed, and the job
+        may be another worker's already (its token is handed back again,
+        ``Leases.hand_back``)."""
         ts = self.timeshare
         party = timeshare.party_of(job.kind, job.fair_key)
         if ts.admit(job.id, job.lane, party, borrowed):
@@ -305,6 +308,16 @@ class Worker:
                 queue.unclaim(conn, job)
         except (psycopg.Error, PoolTimeout) as exc:
             metrics.database_error("claim")
+            if answer_lost(exc):
+                # The hand-back may have committed: the job may be due for
+                # another worker already, so it is not run here. If it did not
+                # commit, the lease is released by its token when the
+                # database answers (as a claim whose answer was lost).
+                self.leases.hand_back(job.lease_token)
+                log.warning("a claim over its party's share was handed back without an answer; "
+                            "not running it", extra=job_extra(self.config.worker_id, job,
+                                                              error=str(exc)[:300]))
+                return False
             log.warning("could not hand back a claim over its party's share; running it",
                         extra=job_extra(self.config.worker_id, job, error=str(exc)[:300]))
             return ts.admit(job.id, job.lane, party, force=True)
