@@ -309,3 +309,20 @@ def test_the_poll_handler_settles_through_the_one_statement(db, pool, merchant):
     assert (charge["status"], charge["failure_code"], intent["status"]) == \
         ("failed", "EXPIRED", "requires_payment_method")
     assert charge["last_polled_at"] == charge["settled_at"]
+
+
+def test_the_settle_plans_its_statements_once_per_connection(db_url, db, merchant):
+    # sql/0029: generic plans from the first call (every read is by primary
+    # key), not five custom plans per pooled connection first. A fresh
+    # connection's first six settles all run under that setting and each
+    # settles its own charge.
+    assert db.execute("SELECT proconfig FROM pg_proc WHERE proname = 'vpay_charge_settle'").fetchone() == \
+        (["plan_cache_mode=force_generic_plan"],)
+    ids = [_payment(db, merchant).charge["id"] for _ in range(6)]
+    with psycopg.connect(db_url, autocommit=True) as fresh:
+        for charge_id in ids:
+            assert charges.settle(fresh, charge_id, StatusKind.SUCCEEDED).transitioned
+        # the setting is the function's: the session's own is left as it was
+        assert fresh.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
+    assert db.execute("SELECT count(*) FROM charges WHERE status = 'succeeded'").fetchone() == (6,)
+    assert db.execute("SELECT count(*) FROM events WHERE type = 'payment_intent.succeeded'").fetchone() == (6,)
