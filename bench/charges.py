@@ -128,6 +128,7 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
         finally:
             pool.close()
         created_requests = len(rail.requests_log())
+        statements_kept = _reset_statements(conn)
         proxy = CountingProxy(url).start()
         # INFO, the production level: the log lines' cost is part of the figure
         env = {**os.environ, "VPAY_DATABASE_URL": proxy.url, "VPAY_LOG_LEVEL": "INFO",
@@ -154,6 +155,7 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
             cpu1, pg1, rt1 = proc_cpu(proc.pid), backends_cpu(conn), proxy.total()
             us1 = user_system(proc.pid)
             statements = proxy.by_statement()
+            pg_statements = _statement_times(conn) if statements_kept else None
         finally:
             stop(proc)
             proxy.stop()
@@ -184,6 +186,10 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
         "worker_user_ms_per_charge": per(1000 * (us1[0] - us0[0])) if cpu0 is not None else None,
         "worker_system_ms_per_charge": per(1000 * (us1[1] - us0[1])) if cpu0 is not None else None,
         "postgres_cpu_ms_per_charge": per(1000 * (pg1 - pg0)) if pg0 is not None and pg1 is not None else None,
+        # Postgres's own time per statement (pg_stat_statements, when the server
+        # preloads it; nested statements of functions and triggers included)
+        "postgres_ms_by_statement": ({q: {"calls_per_charge": per(calls), "ms_per_charge": per(ms)}
+                                      for q, calls, ms in pg_statements} if pg_statements else None),
         "rail_latency_s": latency, "mtn_loops": loops,
         # Little's law check (docs/capacity.md): with every poll due at once,
         # the mtn loops settle them at loops / latency per second
@@ -193,6 +199,42 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
     }
 
 
+
+
+def _reset_statements(conn) -> bool:
+    """Start counting Postgres's time per statement from here, when the
+    server preloads ``pg_stat_statements`` (``shared_preload_libraries``;
+    neither the embedded Postgres nor most servers do: docs/performance.md,
+    "Where Postgres's time goes", for a throwaway server that does). Answers
+    whether it can."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT pg_stat_statements_reset()")
+    except psycopg.Error:
+        return False
+    return True
+
+
+_BENCH_OWN = ("SELECT count(*) FROM charges WHERE status = $1",
+              "SELECT count(*) FROM jobs WHERE kind NOT IN ($1, $2, $3)",
+              "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+              "AND pid <> pg_backend_pid()",
+              "SELECT extract($1 FROM max(settled_at) - min(settled_at))::float8 FROM charges")
+"""The bench's own statements (its watch on the run), as pg_stat_statements
+normalizes them: not the worker's, left out of its figures."""
+
+
+def _statement_times(conn, top: int = 25) -> list[tuple[str, int, float]]:
+    """The ``top`` statements of this database by total execution time since
+    ``_reset_statements``: ``(first 70 characters, calls, milliseconds)``,
+    the statements that begin alike summed (the claim's variants).
+    Wall time inside Postgres, not CPU: on an idle box, close to it."""
+    rows = conn.execute(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 70) AS q, sum(calls)::bigint, sum(total_exec_time)::float8 "
+        "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND query NOT LIKE '%%pg_stat_statements%%' AND NOT query = ANY(%s) "
+        "GROUP BY q ORDER BY 3 DESC LIMIT %s", (list(_BENCH_OWN), top)).fetchall()
+    return [(q, calls, round(ms, 1)) for q, calls, ms in rows]
 
 
 # ---- two releases in one run ---------------------------------------------------
