@@ -19,7 +19,9 @@ claim), rail requests (by operation, from the sandbox's log; the
 request-to-pay at creation included), round trips to Postgres (the worker's,
 through bench/pgcount.py, also by statement), the worker's CPU and its
 Postgres backends' CPU (from ``/proc``, this host only), with the machine's
-load.
+load; and, when the server preloads ``pg_stat_statements``, Postgres's own
+time per statement (``postgres_ms_by_statement``; docs/performance.md, "A
+fourth run", for a throwaway server that does).
 
 ``--against REF`` holds this checkout against an older release in one run:
 REF is checked out as a git worktree in a temporary directory, and each
@@ -205,7 +207,7 @@ def _reset_statements(conn) -> bool:
     """Start counting Postgres's time per statement from here, when the
     server preloads ``pg_stat_statements`` (``shared_preload_libraries``;
     neither the embedded Postgres nor most servers do: docs/performance.md,
-    "Where Postgres's time goes", for a throwaway server that does). Answers
+    "A fourth run", for a throwaway server that does). Answers
     whether it can."""
     try:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
