@@ -24,7 +24,8 @@ RETURNING id;
 -- ordered probe per lane, as claim_lanes reads placed rows: round 0 first,
 -- then the placed rows; empty: none), so its own lane always comes first
 -- (issue 30, lending idle loops). The lent lanes are read as 8 fixed slots
--- (queue.LENT_LANES_MAX; an empty slot is NULL and its probe reads nothing),
+-- (queue.LENT_LANES_MAX; an empty slot is NULL, or '' when nothing is lent:
+-- vpay/engine/queue.py keeps the parameters' types; its probe reads nothing),
 -- not unnest(): the planner guesses 10 rows for unnest of a parameter and 0
 -- for an empty literal, so its generic plan looked dearer than a custom one
 -- and every claim was planned afresh (Postgres CPU per no-op job doubled in

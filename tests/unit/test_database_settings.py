@@ -24,6 +24,13 @@ def test_off_turns_psycopgs_prepare_threshold_to_none(raw):
     assert db.connect_kwargs(env) == {"prepare_threshold": None}
 
 
+def test_the_workers_pool_prepares_at_once_unless_prepared_statements_are_off():
+    assert db.connect_kwargs({}, prepare_at_once=True) == {"prepare_threshold": db.PREPARE_AT_ONCE}
+    assert db.PREPARE_AT_ONCE == 0  # psycopg: prepared the first time a statement runs
+    off = {"VPAY_DATABASE_PREPARED_STATEMENTS": "off"}
+    assert db.connect_kwargs(off, prepare_at_once=True) == {"prepare_threshold": None}
+
+
 @pytest.mark.parametrize("raw", ["yes", "no", "0", "1", "false", "of", "onn", "off,on", "prepare_threshold=0"])
 def test_any_other_value_is_refused_naming_the_setting(raw):
     with pytest.raises(db.ConfigError, match="VPAY_DATABASE_PREPARED_STATEMENTS must be on or off"):

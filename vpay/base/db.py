@@ -90,13 +90,26 @@ def prepared_statements(environ: Mapping[str, str] | None = None) -> bool:
     return value == "on"
 
 
-def connect_kwargs(environ: Mapping[str, str] | None = None) -> dict:
+PREPARE_AT_ONCE = 0
+"""psycopg's ``prepare_threshold`` for the worker's pool: a statement is
+prepared the first time a connection runs it, not after five runs sent
+unprepared (psycopg's default, each parsed and planned anew). The worker
+runs a fixed set of statements thousands of times per connection, and its
+claim statement costs about 1 ms to plan (docs/performance.md, "A fifth
+run")."""
+
+
+def connect_kwargs(environ: Mapping[str, str] | None = None, *, prepare_at_once: bool = False) -> dict:
     """The keyword arguments every connection made here gets from the
     settings: ``{"prepare_threshold": None}`` when
     ``VPAY_DATABASE_PREPARED_STATEMENTS`` is ``off`` (psycopg then never
-    prepares), else nothing (psycopg's default: prepared after 5 runs).
-    Raises ``ConfigError`` for a bad value (``prepared_statements``)."""
-    return {} if prepared_statements(environ) else {"prepare_threshold": None}
+    prepares); else ``{"prepare_threshold": PREPARE_AT_ONCE}`` with
+    ``prepare_at_once`` (the worker's pool), else nothing (psycopg's
+    default: prepared after 5 runs). Raises ``ConfigError`` for a bad value
+    (``prepared_statements``)."""
+    if not prepared_statements(environ):
+        return {"prepare_threshold": None}
+    return {"prepare_threshold": PREPARE_AT_ONCE} if prepare_at_once else {}
 
 
 def describe(url: str, environ: Mapping[str, str] | None = None) -> str:
@@ -267,7 +280,8 @@ def check_if_idle(conn: psycopg.Connection) -> None:
 
 def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
               name: str = "vpay", timeout: float | None = None, wait: bool = True,
-              configure: Callable[[psycopg.Connection], None] | None = None) -> ConnectionPool:
+              configure: Callable[[psycopg.Connection], None] | None = None,
+              prepare_at_once: bool = False) -> ConnectionPool:
     """An open pool of autocommit connections. A connection idle
     ``CHECK_IDLE_SECONDS`` or more is checked on checkout and replaced when
     broken; a broken one comes back from its failed statement and is
@@ -284,7 +298,9 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
     raises ``ConfigError`` here). ``configure`` is called with every new
     connection before it joins the pool (psycopg_pool's hook; it must leave
     the connection idle): the worker and the API report the commit mode
-    with it (``vpay.base.replication.CommitModeLog``).
+    with it (``vpay.base.replication.CommitModeLog``). ``prepare_at_once``:
+    statements are prepared on their first run (``PREPARE_AT_ONCE``; the
+    worker's pool), unless prepared statements are off.
     """
     if timeout is None:
         timeout = open_timeout()
@@ -296,7 +312,8 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
         open=False,
         # application_name: pg_stat_activity shows whose connections these are
         # connect_kwargs: prepare_threshold=None with VPAY_DATABASE_PREPARED_STATEMENTS=off
-        kwargs={"autocommit": True, "application_name": name, **connect_kwargs()},
+        kwargs={"autocommit": True, "application_name": name,
+                **connect_kwargs(prepare_at_once=prepare_at_once)},
         check=check_if_idle,
         configure=configure,
         # Bounded, so the pool's back-off restarts within seconds after a long

@@ -89,7 +89,7 @@ def guarded_main(command: click.Command, prog_name: str) -> None:
         sys.exit(code if isinstance(code, int) else 0)
 
 
-def open_database(pool_size: int | None = None, configure=None):
+def open_database(pool_size: int | None = None, configure=None, prepare_at_once: bool = False):
     """``(url, conn_or_pool)``: the one way every command and the worker
     reach the database, with one bound and one message.
 
@@ -101,8 +101,8 @@ def open_database(pool_size: int | None = None, configure=None):
     With ``pool_size``, that connection is closed and a pool of that size
     is opened (bounded the same way) and returned instead: a pool alone
     would retry a refused server for the whole bound and then say only
-    "pool initialization incomplete". ``configure``: the pool's new
-    connection hook (``vpay.base.db.make_pool``).
+    "pool initialization incomplete". ``configure``, ``prepare_at_once``:
+    as for ``vpay.base.db.make_pool``.
 
     With ``VPAY_DATABASE_PREPARED_STATEMENTS`` on, the URL is first probed
     for a transaction-pooling bouncer (``vpay.base.pooling``: one more
@@ -129,7 +129,8 @@ def open_database(pool_size: int | None = None, configure=None):
         return url, conn
     conn.close()
     try:
-        return url, make_pool(url, max_size=pool_size, configure=configure)
+        return url, make_pool(url, max_size=pool_size, configure=configure,
+                              prepare_at_once=prepare_at_once)
     except PoolTimeout as exc:
         exc.vpay_where = describe(url)
         raise

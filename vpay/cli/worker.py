@@ -158,7 +158,9 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         # Each new connection reads whether the primary commits synchronously;
         # the first one and any change (a failover) are logged.
         from vpay.base.replication import CommitModeLog
-        url, pool = open_database(pool_size=MAX_CONNECTIONS, configure=CommitModeLog("worker"))
+        # Statements are prepared on first use (vpay.base.db.PREPARE_AT_ONCE).
+        url, pool = open_database(pool_size=MAX_CONNECTIONS, configure=CommitModeLog("worker"),
+                                  prepare_at_once=True)
         try:
             # The listener and the vacuum need a session: a transaction-pooled
             # session URL would never deliver a wake-up (vpay/base/pooling.py).

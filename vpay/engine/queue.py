@@ -29,6 +29,7 @@ from typing import Any, Iterable
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
+from psycopg.types.numeric import Int8
 
 from vpay.engine import lanes as _lanes
 from vpay.base.queries import Q
@@ -133,15 +134,27 @@ def _lane_params(lanes: Iterable[str] | None, lent: Iterable[str] = (),
     lent = list(lent)
     if len(lent) > LENT_LANES_MAX:
         raise ValueError(f"a claim may borrow from at most {LENT_LANES_MAX} lanes, got {len(lent)}")
-    more = {"lent": lent, "skip": list(skip)}
+    more = {"lent": lent or _NO_TEXT, "skip": list(skip) or _NO_TEXT}
     if len(lanes) == 1:
         return "claim_lane", {"lane": lanes[0], **more}
     return "claim_lanes", {"lanes": list(lanes), **more}
 
 
-_NOTHING_TO_FINISH = {"id": None, "token": None}
+# The claim statements' parameters keep one set of types whatever their
+# values: psycopg prepares a statement once per set of parameter types (an
+# int is sent as int2, int4 or int8 by its size, None and an empty list
+# untyped), and each prepared variant is planned again on every pooled
+# connection: about 1 ms per plan of a claim statement, a tenth of a cold
+# worker's Postgres CPU in bench/charges.py (docs/performance.md, "A fifth
+# run"). So ids go as int8, "no job to finish" is id 0 and the nil UUID (no
+# job has id 0, no lease that token), and an empty lane or party list is
+# one empty string (no lane and no "lane/kind/merchant" key is ''; a lent
+# slot of '' reads nothing, like a NULL one).
+_NO_TEXT = [""]
+
+_NOTHING_TO_FINISH = {"id": Int8(0), "token": uuid.UUID(int=0)}
 """The fenced finish of a claim statement with no job: its DELETE matches
-nothing (``id = NULL``) and ``finished`` is false."""
+nothing (no job has id 0) and ``finished`` is false."""
 
 
 CLAIM_COLUMNS = ("finished", "id", "kind", "lane", "dedupe_key", "payload", "attempts",
@@ -218,7 +231,7 @@ def finish_and_claim(conn: psycopg.Connection, job: Job, lease: float = 300.0,
     longer ours (lost), and the claim happens all the same. ``token``,
     ``lent``, ``skip``: as for ``claim_or_next_due``."""
     name, params = _lane_params(lanes, lent, skip)
-    params.update(id=job.id, worker=job.worker, token=job.lease_token, lease=float(lease),
+    params.update(id=Int8(job.id), worker=job.worker, token=job.lease_token, lease=float(lease),
                   new_token=token or new_lease_token())
     return _claim(conn, name, params, job.worker)
 
