@@ -265,3 +265,42 @@ def test_the_claim_keeps_its_generic_plan_with_lent_lanes_and_skips(db):
                            "WHERE statement LIKE '%%generate_series(1, 8)%%' "
                            "AND statement NOT LIKE '%%unnest(%%'").fetchone()
     assert plans[0] > 0 and plans[1] <= 5, plans
+
+
+def test_a_job_notified_while_the_loop_ran_another_costs_no_claim_after_it(db, pool, test_handlers,
+                                                                             tmp_path):
+    # Issue 30: one loop, busy with a held job when a second job is
+    # committed (its notification finds no loop idle: pending). The claim
+    # written with the held job's outcome takes the second; after it, the
+    # loop goes idle and must not claim once more for that stale notification.
+    db.execute("CREATE TABLE test_executions (job_key text NOT NULL, worker text NOT NULL)")
+    release = tmp_path / "release"
+    worker, signals, thread, result = _run_worker(pool, "ts-stale", concurrency=1,
+                                                  queues=("housekeeping",), idle_sleep=30.0)
+    sleeps: list[bool] = []
+    real_sleep = worker.waker.sleep
+
+    def sleep(slot, timeout, stop=None):
+        woke_at_once = real_sleep(slot, timeout, stop)
+        sleeps.append(woke_at_once)
+        return woke_at_once
+
+    try:
+        wait_until(lambda: worker.listener is not None and worker.listener.connected.is_set()
+                   and worker.waker._idle == [0], timeout=30, what="the loop idle, listening")
+        worker.waker.sleep = sleep
+        queue.enqueue(db, "test.hold", "held", {"until": str(release)}, lane="housekeeping")
+        wait_until(lambda: db.execute("SELECT count(*) FROM jobs WHERE locked_by = 'ts-stale'").fetchone()[0],
+                   timeout=30, what="the held job running")
+        queue.enqueue(db, "test.count", "next", {}, lane="housekeeping")
+        wait_until(lambda: "housekeeping" in worker.waker._pending, timeout=30,
+                   what="its notification kept pending (the loop is busy)")
+        release.touch()
+        wait_until(lambda: db.execute("SELECT count(*) FROM test_executions").fetchone()[0] == 1
+                   and worker.waker._idle == [0], timeout=30, what="the second job run and the loop idle")
+        # asleep again: a sleep that answered at once (a claim more) would
+        # have ended before the loop went into the idle list
+        assert sleeps == [], sleeps
+        assert worker.waker._pending == {}
+    finally:
+        _stop(signals, thread, result)

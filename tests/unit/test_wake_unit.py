@@ -55,3 +55,52 @@ def test_a_listener_claim_that_finds_no_idle_loop_claims_nothing_and_keeps_the_l
     assert calls == []
     assert waker.sleep(0, 30) is True  # the busy loop claims again before sleeping
     assert waker.take(0) is None
+
+
+def test_a_pending_notification_older_than_the_loops_last_claim_does_not_make_it_claim_again():
+    # Issue 30: a loop busy with a job is notified of the next; the claim
+    # written with its outcome (after the notification, so after the commit)
+    # takes it or finds it taken. Going idle, it must not claim once more.
+    waker = Waker([("webhooks",)])
+    waker.notify("webhooks")             # the loop is busy: pending
+    waker.claiming(0)                    # its finish-and-claim: sees that job
+    assert waker.sleep(0, 0.01) is False  # sleeps: nothing new since
+    waker.notify("webhooks")             # busy again (no loop idle): pending, newer
+    assert waker.sleep(0, 30) is True     # claims again at once
+    assert waker.sleep(0, 0.01) is False  # consumed once
+
+
+def test_a_claim_before_the_notification_leaves_it_pending_for_the_loop():
+    waker = Waker([("mtn",), ("mtn",)])
+    waker.claiming(0)                    # loop 0 claims: nothing notified yet
+    waker.notify("mtn")                  # both busy: pending
+    waker.claiming(1)                    # loop 1 claims after it: saw the job
+    assert waker.sleep(0, 30) is True     # loop 0's claim was older: it claims again
+
+
+def test_a_borrowers_stale_pending_lane_is_consumed_and_a_newer_one_wakes_it():
+    waker = Waker([("mtn",), ("webhooks",)], lendable=lambda lanes: frozenset({"mtn"}) - set(lanes))
+    waker.notify("mtn")                  # nobody idle: pending for mtn
+    waker.claiming(1)                    # the webhooks loop claims (mtn lent to it)
+    assert waker.sleep(1, 0.01) is False
+    waker.notify("mtn")
+    assert waker.sleep(1, 30) is True
+
+
+def test_the_listeners_claim_for_a_loop_counts_as_that_loops_claim():
+    waker = Waker([("mtn",)])
+    sleeper = threading.Thread(target=lambda: waker.sleep(0, 30))
+    sleeper.start()
+    wait_until(lambda: waker._idle == [0], timeout=10, what="the loop asleep")
+    seen: list = []
+
+    def claim(lanes):
+        waker.notify("mtn")              # committed meanwhile: no loop idle, pending
+        seen.append(lanes)
+        return ("job", None)
+
+    assert waker.claim_for("mtn", claim) is True
+    sleeper.join(10)
+    assert seen == [("mtn",)] and waker.take(0) == ("job", None)
+    # the notification came during the listener's claim, after it began: newer
+    assert waker.sleep(0, 30) is True

@@ -25,7 +25,12 @@ Design: docs/design/rails.md, "Waking on commit"; issue #15. The shape:
   lost). That is the debounce: however many notifications a lane gets, each
   idle loop is woken at most once, and loops busy with that lane are left
   alone (they claim again as they finish). A notification never wakes a
-  loop that neither serves its lane nor may borrow from it.
+  loop that neither serves its lane nor may borrow from it. A pending
+  notification older than the loop's last claim (``claiming``) does not
+  make it claim again: a notification arrives after its commit, so that
+  claim already saw the job, and found it taken (issue 30: a loop that
+  finished its job with a claim that found nothing then claimed once more,
+  for a deliver job notified while it ran).
 * Borrowers (issue 30, lending idle loops: vpay/engine/timeshare.py): when
   no loop of the lane is idle, a notification or a ``spread`` wakes an idle
   loop of another lane that may borrow from it now (``lendable``), and a
@@ -101,7 +106,11 @@ class Waker:
         self._groups = [frozenset(g) for g in self._lanes]
         self._events = [threading.Event() for _ in self._groups]
         self._idle: list[int] = []        # idle slots, longest idle first
-        self._pending: set[str] = set()   # lanes notified while none of their loops was idle
+        # lane -> the notification count when it was last notified while
+        # none of its loops was idle; slot -> the count when it last claimed
+        self._pending: dict[str, int] = {}
+        self._notified = 0
+        self._claimed = [0] * len(self._groups)
         self._claiming: set[int] = set()  # slots the listener is claiming for (claim_for)
         self._answers: dict[int, Any] = {}  # slot -> what the listener claimed for it
         self._lock = threading.Condition()
@@ -134,7 +143,17 @@ class Waker:
         pending for the next loop of it that goes idle."""
         with self._lock:
             if not self._wake_one(lane) and any(lane in g for g in self._groups):
-                self._pending.add(lane)
+                self._keep(lane)
+
+    def _keep(self, lane: str) -> None:
+        self._notified += 1
+        self._pending[lane] = self._notified
+
+    def claiming(self, slot: int) -> None:
+        """Loop ``slot`` is about to claim (its own claim, or the claim
+        written with its last job's outcome): what is pending so far is seen
+        by that claim. Unlocked: a stale count only means one claim more."""
+        self._claimed[slot] = self._notified
 
     def claim_for(self, lane: str, claim: Callable[[tuple[str, ...]], Any]) -> bool:
         """A job of ``lane`` became due: take the idle loop ``notify`` would
@@ -150,10 +169,11 @@ class Waker:
             slot = self._idle_for(lane)
             if slot is None:
                 if any(lane in g for g in self._groups):
-                    self._pending.add(lane)
+                    self._keep(lane)
                 return False
             self._idle.remove(slot)
             self._claiming.add(slot)
+            self._claimed[slot] = self._notified
         answer = None
         try:
             answer = claim(self._lanes[slot])
@@ -197,16 +217,19 @@ class Waker:
     def sleep(self, slot: int, timeout: float, stop: threading.Event | None = None) -> bool:
         """Loop ``slot`` found nothing: sleep up to ``timeout`` seconds or
         until woken (or ``stop`` is set). Answers at once, ``True``, when one
-        of its lanes, or of the lanes it may borrow from, is pending (a
-        notification it might have missed). After
+        of its lanes, or of the lanes it may borrow from, is pending with a
+        notification newer than the loop's last claim (``claiming``: one it
+        might have missed). After
         it, ``take(slot)`` says whether the listener claimed for it."""
         with self._lock:
-            mine = self._pending & self._groups[slot]
+            mine = self._pending.keys() & self._groups[slot]
             if self._pending and not mine and self._lendable is not None:
-                mine = self._pending & self._lendable(self._lanes[slot])
+                mine = self._pending.keys() & self._lendable(self._lanes[slot])
             if mine:
-                self._pending -= mine
-                return True
+                # consumed: one newer than this loop's last claim makes it
+                # claim again; the others that claim already saw
+                if max(self._pending.pop(lane) for lane in mine) > self._claimed[slot]:
+                    return True
             event = self._events[slot]
             event.clear()
             self._idle.append(slot)

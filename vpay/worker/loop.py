@@ -230,6 +230,7 @@ class Worker:
                 else:
                     try:
                         with self.pool.connection() as conn:
+                            self.waker.claiming(slot)
                             job, next_due = self._claim_on(conn, served)
                     except psycopg.Error as exc:  # any database error: back off, never end the loop
                         metrics.database_error("claim")
@@ -250,11 +251,14 @@ class Worker:
                 continue
             if borrowed:
                 metrics.job_borrowed(job.lane)
-            # There may be more where this came from: one idle sibling claims too.
+            # There may be more where this came from: one idle sibling claims
+            # too. (Only when the claim saw more due was tried: one empty
+            # claim fewer per lone job, but borrowers then missed re-reads
+            # falling due by time, 1 % of a burst's reads: docs/performance.md.)
             self.waker.spread(slot, job.lane)
             if self.fairness.take_turn(job.lane, job.late_by):
                 self._rebalance(job.lane)
-            job = self._serve(job, served)
+            job = self._serve(job, served, slot)
             self._beats[slot] = time.monotonic()
         answer = self.waker.take(slot)
         if job is None and answer is not None:
@@ -344,21 +348,23 @@ class Worker:
 
     # ---- one job --------------------------------------------------------
 
-    def _serve(self, job: queue.Job, served: tuple[str, ...]) -> queue.Job | None:
+    def _serve(self, job: queue.Job, served: tuple[str, ...], slot: int | None = None) -> queue.Job | None:
         """Run ``job`` and record its outcome; answers the next job of
         ``served`` when the outcome's write claimed one (``Done``, not
-        draining), else ``None``."""
+        draining), else ``None``. ``slot``: the claim loop serving it (told
+        to the waker before that claim)."""
         self.gauge.count(job.lane, "claimed")
         metrics.job_claimed(job)
         self.leases.hold(job)
         try:
             with logs.job_context(job, self.config.worker_id):
-                return self._run(job, served)
+                return self._run(job, served, slot)
         finally:
             if not self.kept.holds(job):  # a kept outcome's job stays held
                 self.leases.drop(job)
 
-    def _run(self, job: queue.Job, claim_next: tuple[str, ...] | None = None) -> queue.Job | None:
+    def _run(self, job: queue.Job, claim_next: tuple[str, ...] | None = None,
+             slot: int | None = None) -> queue.Job | None:
         """Handle ``job`` and apply its outcome. With ``claim_next`` (the
         loop's lanes), a ``Done`` is written together with the claim of the
         loop's next job (its lanes first, then lanes lent, as
@@ -385,6 +391,8 @@ class Worker:
         if claim_next is not None:
             lent, skip = self.timeshare.plan(claim_next)
             scope = queue.Scope(tuple(claim_next), lent, skip)
+            if slot is not None:
+                self.waker.claiming(slot)  # the outcome's write claims for this loop
         try:
             kept, nxt = self.outcomes.apply(job, outcome, error, scope)
         except Exception as exc:  # noqa: BLE001 - the claim loop must outlive any one job
