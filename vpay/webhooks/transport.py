@@ -9,12 +9,24 @@
   body is read at most ``MAX_RESPONSE_BYTES`` (64 KiB).
 * Redirects are never followed; environment proxies and ``.netrc`` are
   ignored (they would bypass the URL policy).
-* One attempt is one urllib3 connection pool of one connection, to the
-  checked address, on the deadline-aware pool classes
+* An attempt goes through a urllib3 connection pool to the checked
+  address, on the deadline-aware pool classes
   (``vpay.base.http_deadline.WATCHED_POOLS``): no ``requests`` session per
   attempt. ``requests`` added nothing an attempt uses (no cookies, no
   redirects, no proxies, no auth) and cost about half of an attempt's CPU
   (issue 30).
+* **Keep-alive** (issue 30): the pool of a checked address (with the name
+  TLS verifies, the trust store and the timeouts) is kept after an attempt
+  whose answer was read whole, so the next delivery to that receiver reuses
+  its connection: no TCP and TLS handshake per delivery. Bounded: at most
+  ``KEPT_POOLS`` pools (the least recently used closed first), each of at
+  most ``KEPT_CONNECTIONS`` idle connections, and a pool unused for
+  ``KEPT_IDLE_SECONDS`` is closed rather than reused (below the usual
+  servers' keep-alive timeouts, so a connection the receiver is closing is
+  rarely taken). The URL policy still runs on every attempt, DNS included:
+  only a connection to an address checked again is reused. An answer not
+  read whole (over ``MAX_RESPONSE_BYTES``, cut by the deadline, any error)
+  closes its connection.
 """
 
 from __future__ import annotations
@@ -22,7 +34,9 @@ from __future__ import annotations
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Mapping
 
 import urllib3
@@ -41,6 +55,17 @@ __all__ = ["Attempt", "CONNECT_TIMEOUT_ENV", "MAX_RESPONSE_BYTES", "READ_TIMEOUT
 CONNECT_TIMEOUT_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 15.0
 MAX_RESPONSE_BYTES = 64 * 1024
+KEPT_POOLS = 64
+"""Receivers' addresses whose connections are kept between attempts (the
+least recently used pool is closed past it)."""
+KEPT_CONNECTIONS = 8
+"""Idle connections kept per address: above the claim loops of a worker
+(``--worker-concurrency`` is at most 5), so a connection is never dropped for
+want of room."""
+KEPT_IDLE_SECONDS = 4.0
+"""A kept pool unused this long is closed, not reused: below the keep-alive
+timeouts of common servers (nginx 75 s, Apache httpd and Node.js 5 s), so
+that an attempt rarely sends on a connection the receiver is closing."""
 CONNECT_TIMEOUT_ENV = "VPAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS"
 READ_TIMEOUT_ENV = "VPAY_WEBHOOK_READ_TIMEOUT_SECONDS"
 
@@ -114,10 +139,12 @@ def _ssl_context(verify: bool | str) -> ssl.SSLContext:
 
 def _pinned_pool(scheme: str, ip: str, port: int, host: str, connect_timeout: float,
                  read_timeout: float, verify: bool | str) -> urllib3.HTTPConnectionPool:
-    """A pool of one connection to ``ip`` (the address the policy checked)
-    while TLS uses ``host`` for SNI and certificate verification."""
-    common = {"timeout": urllib3.Timeout(connect=connect_timeout, read=read_timeout), "maxsize": 1,
-              "retries": False}
+    """A pool of connections to ``ip`` (the address the policy checked)
+    while TLS uses ``host`` for SNI and certificate verification; it never
+    blocks for a connection (one more is made) and keeps at most
+    ``KEPT_CONNECTIONS`` idle."""
+    common = {"timeout": urllib3.Timeout(connect=connect_timeout, read=read_timeout),
+              "maxsize": KEPT_CONNECTIONS, "block": False, "retries": False}
     if scheme != "https":
         return WatchedHTTPPool(ip, port, **common)
     if verify is False:
@@ -126,6 +153,57 @@ def _pinned_pool(scheme: str, ip: str, port: int, host: str, connect_timeout: fl
         tls = {"cert_reqs": "CERT_REQUIRED", "ssl_context": _ssl_context(verify),
                "server_hostname": host, "assert_hostname": host}
     return WatchedHTTPSPool(ip, port, **common, **tls)
+
+
+class _KeptPools:
+    """The pinned pools kept between attempts (see the module doc): at most
+    ``KEPT_POOLS``, least recently used closed first; those unused for
+    ``KEPT_IDLE_SECONDS`` are closed at the next ``take``. Thread-safe.
+    ``clock``: monotonic seconds (tests)."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pools: OrderedDict[tuple, tuple[urllib3.HTTPConnectionPool, float]] = OrderedDict()
+
+    def take(self, key: tuple, make) -> urllib3.HTTPConnectionPool:
+        """The kept pool for ``key`` (``make()`` makes one when there is none,
+        or only a stale one)."""
+        stale = []
+        with self._lock:
+            now = self._clock()
+            # least recently used first: close what sat idle past the bound
+            while self._pools and now - next(iter(self._pools.values()))[1] >= KEPT_IDLE_SECONDS:
+                stale.append(self._pools.popitem(last=False)[1][0])
+            kept = self._pools.pop(key, None)
+            pool = kept[0] if kept is not None else make()
+            self._pools[key] = (pool, now)
+            while len(self._pools) > KEPT_POOLS:
+                stale.append(self._pools.popitem(last=False)[1][0])
+        for old in stale:
+            old.close()
+        return pool
+
+    def used(self, key: tuple) -> None:
+        """An attempt through ``key``'s pool has just ended."""
+        with self._lock:
+            if key in self._pools:
+                self._pools[key] = (self._pools[key][0], self._clock())
+                self._pools.move_to_end(key)
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+    def clear(self) -> None:
+        """Close every kept pool (tests; a worker's exit closes the sockets anyway)."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), OrderedDict()
+        for pool, _ in pools:
+            pool.close()
+
+
+KEPT = _KeptPools()
+"""This process's kept pools (``_KeptPools``)."""
 
 
 def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: float,
@@ -149,18 +227,22 @@ def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: 
         return Attempt(None, error=f"refused: {exc}", permanent=exc.permanent,
                        elapsed=time.monotonic() - started)
     send_headers = {k.lower(): v for k, v in headers.items()}
-    send_headers.update({"host": target.host_header, "accept-encoding": "identity",
-                         "connection": "close"})
+    send_headers.update({"host": target.host_header, "accept-encoding": "identity"})
     last: Attempt | None = None
     deadline = attempt_deadline(connect_timeout, read_timeout)
     for ip in target.addresses[:2]:
         remaining = deadline - (time.monotonic() - started)
         if remaining <= 0:
             break
-        pool = _pinned_pool(target.scheme, ip, target.port, target.host, connect_timeout, read_timeout,
-                            verify)
-        last = _post_once(pool, target.request_path, body, send_headers, connect_timeout,
-                          read_timeout, remaining, started, ip)
+        key = (target.scheme, ip, target.port, target.host, connect_timeout, read_timeout,
+               verify if isinstance(verify, (bool, str)) else True)
+        pool = KEPT.take(key, partial(_pinned_pool, target.scheme, ip, target.port, target.host,
+                                      connect_timeout, read_timeout, verify))
+        try:
+            last = _post_once(pool, target.request_path, body, send_headers, connect_timeout,
+                              read_timeout, remaining, started, ip)
+        finally:
+            KEPT.used(key)
         if not last.error or not last.error.startswith("connect"):
             return last
     return last or Attempt(None, error="timeout: attempt deadline", elapsed=time.monotonic() - started)
@@ -170,64 +252,70 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
                connect_timeout: float, read_timeout: float, deadline: float, started: float,
                ip: str) -> Attempt:
     watch = Deadline(deadline)
-    try:
-        with watch:
-            try:
-                resp = pool.urlopen("POST", path, body=body, headers=headers, redirect=False,
-                                    retries=False, preload_content=False, assert_same_host=False,
-                                    release_conn=False)
-            except NewConnectionError as exc:  # a subclass of ConnectTimeoutError: first
-                # "<connection repr>: Failed to establish …: [Errno 111] …" → the cause
-                return Attempt(None, error=f"connect error: {_short(exc).split(': ')[-1]}",
+    with watch:
+        try:
+            resp = pool.urlopen("POST", path, body=body, headers=headers, redirect=False,
+                                retries=False, preload_content=False, assert_same_host=False,
+                                release_conn=False)
+        except NewConnectionError as exc:  # a subclass of ConnectTimeoutError: first
+            # "<connection repr>: Failed to establish …: [Errno 111] …" → the cause
+            return Attempt(None, error=f"connect error: {_short(exc).split(': ')[-1]}",
+                           elapsed=time.monotonic() - started, address=ip)
+        except ConnectTimeoutError:
+            return Attempt(None, error=f"connect timeout after {connect_timeout:g} s",
+                           elapsed=time.monotonic() - started, address=ip)
+        except ReadTimeoutError:
+            return Attempt(None, error=f"timeout: no response within {read_timeout:g} s",
+                           elapsed=time.monotonic() - started, address=ip)
+        except SSLError as exc:
+            return Attempt(None, error=f"tls error: {_short(exc)}",
+                           elapsed=time.monotonic() - started, address=ip)
+        except (HTTPError, OSError) as exc:
+            if watch.expired:
+                return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
                                elapsed=time.monotonic() - started, address=ip)
-            except ConnectTimeoutError:
-                return Attempt(None, error=f"connect timeout after {connect_timeout:g} s",
+            return Attempt(None, error=f"connection error: {_short(exc)}",
+                           elapsed=time.monotonic() - started, address=ip)
+        whole = False
+        try:
+            if watch.expired:
+                # The deadline shut the socket while the headers were
+                # still arriving: http.client reads that EOF as the end
+                # of the headers and hands back the status line's code.
+                # The receiver never finished answering: not a delivery.
+                return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
                                elapsed=time.monotonic() - started, address=ip)
-            except ReadTimeoutError:
-                return Attempt(None, error=f"timeout: no response within {read_timeout:g} s",
-                               elapsed=time.monotonic() - started, address=ip)
-            except SSLError as exc:
-                return Attempt(None, error=f"tls error: {_short(exc)}",
-                               elapsed=time.monotonic() - started, address=ip)
-            except (HTTPError, OSError) as exc:
-                if watch.expired:
-                    return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
-                                   elapsed=time.monotonic() - started, address=ip)
-                return Attempt(None, error=f"connection error: {_short(exc)}",
-                               elapsed=time.monotonic() - started, address=ip)
-            try:
-                if watch.expired:
-                    # The deadline shut the socket while the headers were
-                    # still arriving: http.client reads that EOF as the end
-                    # of the headers and hands back the status line's code.
-                    # The receiver never finished answering: not a delivery.
-                    return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
-                                   elapsed=time.monotonic() - started, address=ip)
-                excerpt = _read_excerpt(resp)
-                return Attempt(resp.status,
-                               retry_after=parse_retry_after(resp.headers.get("retry-after"),
-                                                             resp.headers.get("date")),
-                               elapsed=time.monotonic() - started, body_excerpt=excerpt, address=ip)
-            finally:
-                resp.close()
-    finally:
-        pool.close()
+            excerpt, whole = _read_excerpt(resp)
+            whole = whole and not watch.expired
+            return Attempt(resp.status,
+                           retry_after=parse_retry_after(resp.headers.get("retry-after"),
+                                                         resp.headers.get("date")),
+                           elapsed=time.monotonic() - started, body_excerpt=excerpt, address=ip)
+        finally:
+            if whole:
+                resp.release_conn()  # read to its end: the connection goes back for the next attempt
+            else:
+                resp.close()  # a part left unread, or a socket the deadline shut: never reused
 
 
-def _read_excerpt(resp: urllib3.BaseHTTPResponse) -> str:
+def _read_excerpt(resp: urllib3.BaseHTTPResponse) -> tuple[str, bool]:
     """Read at most MAX_RESPONSE_BYTES of the body (undecoded); the status
-    is already known, so a body that fails to arrive changes nothing."""
+    is already known, so a body that fails to arrive changes nothing.
+    Answers its first 300 characters, printable, and whether the body was
+    read to its end (then the connection may be used again)."""
     got = bytearray()
+    whole = False
     try:
-        while len(got) < MAX_RESPONSE_BYTES:
-            chunk = resp.read(min(16384, MAX_RESPONSE_BYTES - len(got)), decode_content=False)
+        while len(got) <= MAX_RESPONSE_BYTES:
+            chunk = resp.read(min(16384, MAX_RESPONSE_BYTES + 1 - len(got)), decode_content=False)
             if not chunk:
+                whole = True
                 break
             got += chunk
     except Exception:  # noqa: BLE001 - the body is informational only
         pass
     text = bytes(got[:300]).decode("utf-8", errors="replace")
-    return "".join(c if c.isprintable() else " " for c in text)
+    return "".join(c if c.isprintable() else " " for c in text), whole
 
 
 def _short(exc: BaseException) -> str:
