@@ -67,13 +67,33 @@ from worker_cpu import user_system  # noqa: E402
 
 
 class _Ok(BaseHTTPRequestHandler):
+    """The merchant's receiver: 200 to every POST, closing each connection
+    (HTTP/1.0, as every run before the fifth)."""
+
     def do_POST(self):  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("content-length") or 0))
         self.send_response(200)
+        self.answer_headers()
         self.end_headers()
+
+    def answer_headers(self) -> None:
+        pass
 
     def log_message(self, *args):
         pass
+
+
+class _OkKeepAlive(_Ok):
+    """The same receiver keeping connections open (HTTP/1.1, an empty body
+    of a stated length), as most servers do: ``--keep-alive-receiver``."""
+
+    protocol_version = "HTTP/1.1"
+
+    def answer_headers(self) -> None:
+        self.send_header("content-length", "0")
+
+
+KEEP_ALIVE_ENV = "BENCH_RECEIVER_KEEP_ALIVE"
 
 
 def _rail_env(rail) -> dict[str, str]:
@@ -103,7 +123,9 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
     from vpay.sandbox.mtn import SandboxRail
 
     url = vpay_db(server, "vpay_bench_charges")
-    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    keep_alive = os.environ.get(KEEP_ALIVE_ENV) == "1"
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _OkKeepAlive if keep_alive else _Ok)
+    receiver.daemon_threads = True
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     with SandboxRail(success_after_seconds=0.2) as rail, \
             psycopg.connect(url, autocommit=True) as conn:
@@ -192,7 +214,7 @@ def run(server: str, n: int, with_endpoint: bool, latency: float = 0.0) -> dict:
         # preloads it; nested statements of functions and triggers included)
         "postgres_ms_by_statement": ({q: {"calls_per_charge": per(calls), "ms_per_charge": per(ms)}
                                       for q, calls, ms in pg_statements} if pg_statements else None),
-        "rail_latency_s": latency, "mtn_loops": loops,
+        "rail_latency_s": latency, "mtn_loops": loops, "receiver_keep_alive": keep_alive,
         # Little's law check (docs/capacity.md): with every poll due at once,
         # the mtn loops settle them at loops / latency per second
         "settle_span_s": span,
@@ -329,6 +351,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds (default 3 with --against, else 1); figures are their medians")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep-alive-receiver", action="store_true",
+                    help="the merchant's receiver keeps connections open (HTTP/1.1); default: closes each")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # one measurement (internal)
     ap.add_argument("--endpoint", dest="endpoint", action="store_true", default=True, help=argparse.SUPPRESS)
     ap.add_argument("--no-endpoint", dest="endpoint", action="store_false", help=argparse.SUPPRESS)
@@ -340,6 +364,8 @@ def main() -> None:
         row["vpay_loaded_from"] = str(Path(vpay.__file__).parent)  # proof of which release ran
         Path(args.json).write_text(json.dumps(row, indent=1))
         return
+    if args.keep_alive_receiver:
+        os.environ[KEEP_ALIVE_ENV] = "1"  # read by each measurement's process (run)
     server = os.environ.get("VPAY_DATABASE_URL", "").strip() or embedded_server()
     # Webhook secrets are sealed under VPAY_SECRET_KEYS (docs/security.md): a
     # Fernet key (32 random bytes, URL-safe base64) when none is given.
