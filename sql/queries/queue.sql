@@ -33,10 +33,11 @@ RETURNING id;
 -- prepared statement keeps its generic plan.
 -- With the claim, an optional fenced finish of the job the loop has just
 -- done (id, worker, token): one statement, so one round trip per job while a
--- loop has work (issue #15). id and token NULL: just a claim (the DELETE
--- matches nothing). The finished job is leased, so the claim cannot take it
--- again. The new lease's token is the caller's (a fresh random UUID):
--- a claim whose answer never arrives (the connection died after the commit)
+-- loop has work (issue #15). id 0 (no job has it) or NULL: just a claim (the
+-- DELETE matches nothing; vpay/engine/queue.py sends 0 and the nil UUID).
+-- The finished job is leased, so the claim cannot take it again. The new
+-- lease's token is the caller's (a fresh random UUID): a claim whose answer
+-- never arrives (the connection died after the commit)
 -- can then be found and handed back by it (release), instead of sitting
 -- leased to a live worker that does not know it holds it until the lease
 -- runs out (vpay/worker/loop.py, Worker._hand_back).
@@ -46,12 +47,12 @@ RETURNING id;
 -- no claimed row, so loops cannot deadlock on each other's finish and claim
 -- (seen in the benches: three loops in a cycle, each held 1 s, the
 -- deadlock_timeout, until one failed).
--- Always one row: finished (false when id is NULL, or when the lease
+-- Always one row: finished (false with no job to finish, or when the lease
 -- was no longer ours: lost; the claim happens anyway), the job's columns (all
 -- NULL when nothing is due), late_by (seconds past its run_at), fair_key
 -- (the job's party) and next_due_in.
 WITH finished AS (
-    -- the optional fenced finish: matches nothing when id is NULL
+    -- the optional fenced finish: matches nothing for id 0 or NULL
     DELETE FROM jobs
      WHERE id = %(id)s::bigint AND locked_by = %(worker)s AND lease_token = %(token)s::uuid
     RETURNING id
@@ -119,7 +120,7 @@ SELECT done.finished, claimed.*,
 
 -- name: claim_lanes
 -- The same fair choice across several lanes (a loop that shares lanes: fewer
--- loops than lanes), with the same optional fenced finish (id NULL: just a
+-- loops than lanes), with the same optional fenced finish (id 0: just a
 -- claim), party skips and borrowed lanes as claim_lane. jobs_claimable
 -- (run_at) walks due rows in order and filters on the lane; an ordered scan
 -- of (lane, run_at) cannot serve lane = ANY(...) ORDER BY run_at. For placed
@@ -127,7 +128,7 @@ SELECT done.finished, claimed.*,
 -- statement's moment, so a sibling skips it) and the lowest head is taken.
 -- The same one row as claim_lane.
 WITH finished AS (
-    -- the optional fenced finish: matches nothing when id is NULL
+    -- the optional fenced finish: matches nothing for id 0 or NULL
     DELETE FROM jobs
      WHERE id = %(id)s::bigint AND locked_by = %(worker)s AND lease_token = %(token)s::uuid
     RETURNING id

@@ -4,12 +4,14 @@ plans each prepared statement afresh on every connection (five custom
 plans, then a generic one). A claim statement costs about 1 ms to plan, so
 the claims keep one set of types whatever their values (an id of any size,
 no job to finish, lent and skipped lists empty or not), and the worker's
-pool prepares a statement on its first run."""
+pool prepares a statement on its second run (vpay.base.db.PREPARE_AT_ONCE),
+leaving nothing prepared on the server for its idle check or a failed run."""
 
 from __future__ import annotations
 
 import uuid
 
+import psycopg
 import pytest
 
 from vpay.base import db as vdb
@@ -60,18 +62,43 @@ def test_claims_prepare_one_statement_each_whatever_the_values(db, db_url):
 
 
 @pytest.mark.parametrize("setting, at_once, prepared", [
-    ("on", True, 1),     # the worker's pool: prepared on the first run
-    ("on", False, 0),    # psycopg's default: after five runs
-    ("off", True, 0),    # behind a transaction pooler, never
+    ("on", True, [0, 1]),     # the worker's pool: prepared on the second run
+    ("on", False, [0, 0]),    # psycopg's default: after five runs
+    ("off", True, [0, 0]),    # behind a transaction pooler, never
 ])
-def test_the_workers_pool_prepares_a_statement_on_its_first_run(db, db_url, monkeypatch,
-                                                                setting, at_once, prepared):
+def test_the_workers_pool_prepares_a_statement_on_its_second_run(db, db_url, monkeypatch,
+                                                                 setting, at_once, prepared):
     monkeypatch.setenv("VPAY_DATABASE_PREPARED_STATEMENTS", setting)
     pool = vdb.make_pool(db_url, max_size=1, prepare_at_once=at_once)
+    seen = []
     try:
         with pool.connection() as conn:
-            conn.execute("SELECT count(*) FROM jobs WHERE lane = %s", ("mtn",)).fetchone()
-            assert conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
-                                ("%FROM jobs WHERE lane%",), prepare=False).fetchone()[0] == prepared
+            for _ in range(2):
+                conn.execute("SELECT count(*) FROM jobs WHERE lane = %s", ("mtn",)).fetchone()
+                seen.append(_prepared_like(conn, "%FROM jobs WHERE lane%"))
+    finally:
+        pool.close()
+    assert seen == prepared
+
+
+def _prepared_like(conn, pattern: str) -> int:
+    return conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                        (pattern,), prepare=False).fetchone()[0]
+
+
+def test_the_pools_idle_check_and_failed_runs_leave_nothing_prepared(db, db_url, monkeypatch):
+    # A fresh-clone review (issue 30): at psycopg's threshold 0 each idle
+    # check (an empty query) and each run that failed before a first success
+    # left a prepared statement on the server, never deallocated.
+    monkeypatch.setattr(vdb, "CHECK_IDLE_SECONDS", 0.0)  # every checkout checks
+    pool = vdb.make_pool(db_url, max_size=1, prepare_at_once=True)
+    try:
+        for _ in range(5):
+            with pool.connection() as conn:
+                with pytest.raises(psycopg.errors.DivisionByZero):
+                    conn.execute("SELECT 1 / %s", (0,))
+        with pool.connection() as conn:
+            assert conn.execute("SELECT count(*) FROM pg_prepared_statements",
+                                prepare=False).fetchone()[0] == 0
     finally:
         pool.close()

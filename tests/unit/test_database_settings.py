@@ -26,7 +26,7 @@ def test_off_turns_psycopgs_prepare_threshold_to_none(raw):
 
 def test_the_workers_pool_prepares_at_once_unless_prepared_statements_are_off():
     assert db.connect_kwargs({}, prepare_at_once=True) == {"prepare_threshold": db.PREPARE_AT_ONCE}
-    assert db.PREPARE_AT_ONCE == 0  # psycopg: prepared the first time a statement runs
+    assert db.PREPARE_AT_ONCE == 1  # psycopg: prepared on the run after one that succeeded
     off = {"VPAY_DATABASE_PREPARED_STATEMENTS": "off"}
     assert db.connect_kwargs(off, prepare_at_once=True) == {"prepare_threshold": None}
 

@@ -90,13 +90,17 @@ def prepared_statements(environ: Mapping[str, str] | None = None) -> bool:
     return value == "on"
 
 
-PREPARE_AT_ONCE = 0
+PREPARE_AT_ONCE = 1
 """psycopg's ``prepare_threshold`` for the worker's pool: a statement is
-prepared the first time a connection runs it, not after five runs sent
-unprepared (psycopg's default, each parsed and planned anew). The worker
-runs a fixed set of statements thousands of times per connection, and its
-claim statement costs about 1 ms to plan (docs/performance.md, "A fifth
-run")."""
+prepared on its second run on a connection, after one that succeeded, not
+after five runs sent unprepared (psycopg's default, each parsed and planned
+anew). The worker runs a fixed set of statements thousands of times per
+connection, and its claim statement costs about 1 ms to plan
+(docs/performance.md, "A fifth run"). Not 0 (prepared on the first run):
+psycopg 3.3 leaves on the server the prepared statement of a run that fails
+or answers no rows (the pool's empty check query), one per failure until
+the first success (a claim's is about 256 KiB); after one success, a failure
+costs what it does at psycopg's default."""
 
 
 def connect_kwargs(environ: Mapping[str, str] | None = None, *, prepare_at_once: bool = False) -> dict:
@@ -260,9 +264,10 @@ def session_connect(url: str, application_name: str, timeout: float | None = Non
 
 
 def check_if_idle(conn: psycopg.Connection) -> None:
-    """The pool's ``check`` hook: ``ConnectionPool.check_connection`` (an
-    empty query) only for a connection last handed out ``CHECK_IDLE_SECONDS``
-    or more ago (or never), which is at least as long as it sat idle: a
+    """The pool's ``check`` hook: ``ConnectionPool.check_connection``'s empty
+    query (never prepared: see ``PREPARE_AT_ONCE``) only for a connection last
+    handed out ``CHECK_IDLE_SECONDS`` or more ago (or never), which is at
+    least as long as it sat idle: a
     connection held long by its user is checked once more than needed, never
     once less. Raises what the check raises; the pool then replaces the
     connection. (Not a ``reset`` hook stamping the return: psycopg_pool hands
@@ -274,7 +279,7 @@ def check_if_idle(conn: psycopg.Connection) -> None:
         # a connection gone silent (every byte acknowledged, nothing answered)
         # would hold the checkout for ever: unanswered in time, it is dead
         with answer_within(conn, CHECK_ANSWER_SECONDS):
-            ConnectionPool.check_connection(conn)
+            conn.execute("", prepare=False)  # our connections are autocommit
     conn._vpay_handed_out_at = now
 
 

@@ -113,7 +113,7 @@ def claim(conn: psycopg.Connection, worker: str, lease: float = 300.0,
     comes before any over-share one (``vpay.engine.fairness``). One lane uses
     ``claim_lane`` (ordered scans of ``jobs_claimable_lane`` and
     ``jobs_over_share``); several use ``claim_lanes``; both with no job to
-    finish (``id`` NULL)."""
+    finish (``id`` 0: ``_NOTHING_TO_FINISH``)."""
     return claim_or_next_due(conn, worker, lease, lanes)[0]
 
 
