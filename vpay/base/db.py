@@ -304,7 +304,7 @@ def make_pool(url: str, *, max_size: int = MAX_CONNECTIONS, min_size: int = 1,
     connection before it joins the pool (psycopg_pool's hook; it must leave
     the connection idle): the worker and the API report the commit mode
     with it (``vpay.base.replication.CommitModeLog``). ``prepare_at_once``:
-    statements are prepared on their first run (``PREPARE_AT_ONCE``; the
+    statements are prepared on their second run (``PREPARE_AT_ONCE``; the
     worker's pool), unless prepared statements are off.
     """
     if timeout is None:

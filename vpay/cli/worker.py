@@ -158,7 +158,7 @@ def worker(ctx: click.Context, worker_concurrency: int, shutdown_grace_seconds: 
         # Each new connection reads whether the primary commits synchronously;
         # the first one and any change (a failover) are logged.
         from vpay.base.replication import CommitModeLog
-        # Statements are prepared on first use (vpay.base.db.PREPARE_AT_ONCE).
+        # Statements are prepared on their second run (vpay.base.db.PREPARE_AT_ONCE).
         url, pool = open_database(pool_size=MAX_CONNECTIONS, configure=CommitModeLog("worker"),
                                   prepare_at_once=True)
         try:
