@@ -273,12 +273,16 @@ def test_a_notification_of_a_slow_lane_wakes_no_borrower_and_stays_pending():
     assert waker.sleep(0, 30) is True                 # mtn's own loop does
 
 
-def test_a_borrower_takes_a_pending_lane_it_may_borrow_from():
+def test_a_borrower_claims_for_a_pending_lane_it_may_borrow_from_and_leaves_it_to_the_lanes_loops():
     ts, _ = _share()
     waker = Waker(DEFAULT_LOOPS, ts.lendable)
     waker.notify("mtn")                               # nobody idle: pending
     assert waker.sleep(3, 30) is True                 # the webhooks loop claims at once
-    assert waker.sleep(0, 0.01) is False              # consumed once
+    waker.claiming(3)
+    assert waker.sleep(3, 0.01) is False              # once
+    assert "mtn" in waker._pending                    # its claim may have skipped the job's party
+    waker.claiming(0)                                 # mtn's own loop claims after it (its finish)
+    assert waker.sleep(0, 0.01) is False and waker._pending == {}  # consumed there, no claim again
 
 
 def test_spread_wakes_an_idle_loop_of_the_claimed_jobs_lane_or_a_borrower_of_it():

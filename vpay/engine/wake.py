@@ -34,10 +34,13 @@ Design: docs/design/rails.md, "Waking on commit"; issue #15. The shape:
 * Borrowers (issue 30, lending idle loops: vpay/engine/timeshare.py): when
   no loop of the lane is idle, a notification or a ``spread`` wakes an idle
   loop of another lane that may borrow from it now (``lendable``), and a
-  loop about to sleep takes a pending lane it may borrow from. Its claim
+  loop about to sleep claims for a pending lane it may borrow from. Its claim
   takes its own lanes' jobs first; borrowed lanes' jobs that fall due with
   time reach borrowers only this way (their sleep is timed by their own
   lanes), so borrowers join a backlog as it spreads, not at every due job.
+  A borrower never consumes a lent lane's pending notification (it claims
+  again for one newer than its last claim): its claim skips the parties
+  it may not take, so only the lane's own loops end a lane's pending.
 * The listener makes the woken loop's first claim itself, on its own
   connection, before waking it (``Waker.claim_for``; the worker passes the
   claim), and the loop starts from that answer: a job to run, or the seconds
@@ -128,21 +131,23 @@ class Waker:
                     return slot
         return None
 
-    def _wake_one(self, lane: str | None, exclude: int | None = None) -> bool:
+    def _wake_one(self, lane: str | None, exclude: int | None = None) -> int | None:
         slot = self._idle_for(lane, exclude)
         if slot is None:
-            return False
+            return None
         self._idle.remove(slot)
         self.wakeups[slot] += 1
         self._events[slot].set()
-        return True
+        return slot
 
     def notify(self, lane: str) -> None:
         """A job of ``lane`` became due: wake one idle loop serving it (or,
         none being idle, one that may borrow from it), or keep the lane
-        pending for the next loop of it that goes idle."""
+        pending for the next loop of it that goes idle. A borrower woken
+        leaves the lane pending too: its claim may skip the job."""
         with self._lock:
-            if not self._wake_one(lane) and any(lane in g for g in self._groups):
+            slot = self._wake_one(lane)
+            if (slot is None or lane not in self._groups[slot]) and any(lane in g for g in self._groups):
                 self._keep(lane)
 
     def _keep(self, lane: str) -> None:
@@ -173,6 +178,11 @@ class Waker:
                 return False
             self._idle.remove(slot)
             self._claiming.add(slot)
+            if lane not in self._groups[slot]:
+                # A borrower's claim may skip this job (a party it leaves
+                # alone): the lane stays pending for its own loops, one of
+                # which may be in a claim that began before this commit.
+                self._keep(lane)
             self._claimed[slot] = self._notified
         answer = None
         try:
@@ -204,14 +214,14 @@ class Waker:
             return
         with self._lock:
             for each in (self._groups[slot] if lane is None else (lane,)):
-                if self._wake_one(each, exclude=slot):
+                if self._wake_one(each, exclude=slot) is not None:
                     return
 
     def wake_all(self) -> None:
         """Every idle loop claims once (the listener has just (re)connected
         and may have missed notifications)."""
         with self._lock:
-            while self._wake_one(None):
+            while self._wake_one(None) is not None:
                 pass
 
     def sleep(self, slot: int, timeout: float, stop: threading.Event | None = None) -> bool:
@@ -223,12 +233,19 @@ class Waker:
         it, ``take(slot)`` says whether the listener claimed for it."""
         with self._lock:
             mine = self._pending.keys() & self._groups[slot]
-            if self._pending and not mine and self._lendable is not None:
-                mine = self._pending.keys() & self._lendable(self._lanes[slot])
             if mine:
                 # consumed: one newer than this loop's last claim makes it
                 # claim again; the others that claim already saw
                 if max(self._pending.pop(lane) for lane in mine) > self._claimed[slot]:
+                    return True
+            elif self._pending and self._lendable is not None:
+                # Looked at, never consumed: a borrower's claim may leave a
+                # lent lane's jobs alone (a party it skips), so the lane
+                # stays pending for its own loops (a lost wake-up otherwise:
+                # fresh-clone review of issue 30). Newer than this loop's
+                # last claim, it claims again once.
+                lent = self._pending.keys() & self._lendable(self._lanes[slot])
+                if lent and max(self._pending[lane] for lane in lent) > self._claimed[slot]:
                     return True
             event = self._events[slot]
             event.clear()
