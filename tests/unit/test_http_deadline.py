@@ -24,7 +24,7 @@ def test_many_deadlines_share_one_thread_and_the_heap_forgets_those_left():
     for _ in range(2000):
         with Deadline(60.0):
             pass
-    assert threading.active_count() == before  # no thread per deadline
+    assert threading.active_count() <= before  # no thread per deadline (another may end meanwhile)
     assert http_deadline._watchdog._thread in _watchdogs()
     # left before their time: skipped, and dropped once they are most of the heap
     assert len(http_deadline._watchdog._heap) <= 128

@@ -26,11 +26,27 @@
   rarely taken). The URL policy still runs on every attempt, DNS included:
   only a connection to an address checked again is reused. An answer not
   read whole (over ``MAX_RESPONSE_BYTES``, cut by the deadline, any error)
-  closes its connection.
+  closes its connection, and so does an interim (1xx) answer taken for the
+  final one: http.client skips only ``100 Continue``, so after a ``103
+  Early Hints`` the receiver's real answer is still on its way, and the
+  next delivery on that connection would read it as its own. A sweeper
+  thread (one per process, while pools are kept) closes idle pools within
+  ``KEPT_IDLE_SECONDS`` of their last use, deliveries or not.
+* **A kept connection the receiver has closed** (its idle timeout, a
+  restart) fails as the request is sent, before any answer: the attempt is
+  made once more at once, within the same deadline, on a new connection
+  (the pool is replaced, its other idle connections are likely closed too).
+  Only for a connection reused from the pool, and only once: the rule
+  browsers follow for a kept connection that ends with no answer (delivery
+  is at least once, under one ``webhook-id``, either way). A new connection
+  that ends so is a failed attempt (fresh-clone review of issue 30: 67 of
+  300 deliveries to a receiver that closes without saying so spent an
+  attempt and waited 5 s).
 """
 
 from __future__ import annotations
 
+import http.client
 import ssl
 import threading
 import time
@@ -41,8 +57,8 @@ from typing import Mapping
 
 import urllib3
 from requests.certs import where as default_ca_bundle
-from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionError, ReadTimeoutError,
-                                SSLError)
+from urllib3.exceptions import (ClosedPoolError, ConnectTimeoutError, HTTPError, NewConnectionError,
+                                ProtocolError, ReadTimeoutError, SSLError)
 
 from vpay.base.settings import env_seconds
 from vpay.base.http_deadline import WatchedHTTPPool, WatchedHTTPSPool, Deadline, parse_retry_after
@@ -137,6 +153,26 @@ def _ssl_context(verify: bool | str) -> ssl.SSLContext:
         return ctx
 
 
+_took = threading.local()
+"""``_took.kept``: whether this thread's last connection taken from a pool
+was an open one kept from an earlier attempt (not a new one, nor one
+urllib3 found dropped and reopens)."""
+
+
+class _KeptHTTPPool(WatchedHTTPPool):
+    def _get_conn(self, timeout=None):
+        conn = super()._get_conn(timeout)
+        _took.kept = getattr(conn, "sock", None) is not None
+        return conn
+
+
+class _KeptHTTPSPool(WatchedHTTPSPool):
+    def _get_conn(self, timeout=None):
+        conn = super()._get_conn(timeout)
+        _took.kept = getattr(conn, "sock", None) is not None
+        return conn
+
+
 def _pinned_pool(scheme: str, ip: str, port: int, host: str, connect_timeout: float,
                  read_timeout: float, verify: bool | str) -> urllib3.HTTPConnectionPool:
     """A pool of connections to ``ip`` (the address the policy checked)
@@ -146,43 +182,71 @@ def _pinned_pool(scheme: str, ip: str, port: int, host: str, connect_timeout: fl
     common = {"timeout": urllib3.Timeout(connect=connect_timeout, read=read_timeout),
               "maxsize": KEPT_CONNECTIONS, "block": False, "retries": False}
     if scheme != "https":
-        return WatchedHTTPPool(ip, port, **common)
+        return _KeptHTTPPool(ip, port, **common)
     if verify is False:
         tls = {"cert_reqs": "CERT_NONE", "assert_hostname": False, "server_hostname": host}
     else:
         tls = {"cert_reqs": "CERT_REQUIRED", "ssl_context": _ssl_context(verify),
                "server_hostname": host, "assert_hostname": host}
-    return WatchedHTTPSPool(ip, port, **common, **tls)
+    return _KeptHTTPSPool(ip, port, **common, **tls)
 
 
 class _KeptPools:
     """The pinned pools kept between attempts (see the module doc): at most
     ``KEPT_POOLS``, least recently used closed first; those unused for
-    ``KEPT_IDLE_SECONDS`` are closed at the next ``take``. Thread-safe.
+    ``KEPT_IDLE_SECONDS`` are closed by a sweeper thread (running while any
+    pool is kept, looking every quarter of that bound) or the next ``take``.
+    Thread-safe.
     ``clock``: monotonic seconds (tests)."""
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
         self._lock = threading.Lock()
         self._pools: OrderedDict[tuple, tuple[urllib3.HTTPConnectionPool, float]] = OrderedDict()
+        self._sweeping = False  # a sweeper thread runs
 
-    def take(self, key: tuple, make) -> urllib3.HTTPConnectionPool:
+    def take(self, key: tuple, make, fresh: bool = False) -> urllib3.HTTPConnectionPool:
         """The kept pool for ``key`` (``make()`` makes one when there is none,
-        or only a stale one)."""
-        stale = []
+        only a stale one, or ``fresh``: the kept one is closed)."""
         with self._lock:
             now = self._clock()
-            # least recently used first: close what sat idle past the bound
-            while self._pools and now - next(iter(self._pools.values()))[1] >= KEPT_IDLE_SECONDS:
-                stale.append(self._pools.popitem(last=False)[1][0])
+            stale = self._stale(now)
             kept = self._pools.pop(key, None)
+            if kept is not None and fresh:
+                stale.append(kept[0])
+                kept = None
             pool = kept[0] if kept is not None else make()
             self._pools[key] = (pool, now)
             while len(self._pools) > KEPT_POOLS:
                 stale.append(self._pools.popitem(last=False)[1][0])
+            if not self._sweeping:
+                self._sweeping = True
+                threading.Thread(target=self._sweep, name="webhook-pools-sweeper", daemon=True).start()
         for old in stale:
             old.close()
         return pool
+
+    def _stale(self, now: float) -> list[urllib3.HTTPConnectionPool]:
+        # least recently used first: what sat idle past the bound (under the lock)
+        stale = []
+        while self._pools and now - next(iter(self._pools.values()))[1] >= KEPT_IDLE_SECONDS:
+            stale.append(self._pools.popitem(last=False)[1][0])
+        return stale
+
+    def _sweep(self) -> None:
+        # Closes idle pools without waiting for the next delivery (the
+        # receiver sees its connection closed within the bound); ends when
+        # nothing is kept, and the next take starts another.
+        while True:
+            time.sleep(KEPT_IDLE_SECONDS / 4)
+            with self._lock:
+                stale = self._stale(self._clock())
+                if not self._pools:
+                    self._sweeping = False
+            for old in stale:
+                old.close()
+            if not self._sweeping:
+                return
 
     def used(self, key: tuple) -> None:
         """An attempt through ``key``'s pool has just ended."""
@@ -236,11 +300,19 @@ def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: 
             break
         key = (target.scheme, ip, target.port, target.host, connect_timeout, read_timeout,
                verify if isinstance(verify, (bool, str)) else True)
-        pool = KEPT.take(key, partial(_pinned_pool, target.scheme, ip, target.port, target.host,
-                                      connect_timeout, read_timeout, verify))
+        make = partial(_pinned_pool, target.scheme, ip, target.port, target.host,
+                       connect_timeout, read_timeout, verify)
         try:
-            last = _post_once(pool, target.request_path, body, send_headers, connect_timeout,
-                              read_timeout, remaining, started, ip)
+            last = _post_once(KEPT.take(key, make), target.request_path, body, send_headers,
+                              connect_timeout, read_timeout, remaining, started, ip)
+            if last is _SEND_AGAIN:
+                # a kept connection the receiver had closed: once more, on a new one
+                remaining = deadline - (time.monotonic() - started)
+                last = (_post_once(KEPT.take(key, make, fresh=True), target.request_path, body,
+                                   send_headers, connect_timeout, read_timeout, remaining, started,
+                                   ip, again=False) if remaining > 0 else
+                        Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
+                                elapsed=time.monotonic() - started, address=ip))
         finally:
             KEPT.used(key)
         if not last.error or not last.error.startswith("connect"):
@@ -248,15 +320,27 @@ def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: 
     return last or Attempt(None, error="timeout: attempt deadline", elapsed=time.monotonic() - started)
 
 
+_SEND_AGAIN = Attempt(None, error="a kept connection closed by the receiver")
+"""``_post_once``'s answer when the request failed on a connection reused
+from the pool before any answer came: ``post`` sends it once more."""
+
+
 def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers: dict[str, str],
                connect_timeout: float, read_timeout: float, deadline: float, started: float,
-               ip: str) -> Attempt:
+               ip: str, again: bool = True) -> Attempt:
     watch = Deadline(deadline)
     with watch:
+        _took.kept = False
         try:
             resp = pool.urlopen("POST", path, body=body, headers=headers, redirect=False,
                                 retries=False, preload_content=False, assert_same_host=False,
                                 release_conn=False)
+        except ClosedPoolError:
+            # closed by another thread's take (past KEPT_POOLS) before this one used it
+            if again:
+                return _SEND_AGAIN
+            return Attempt(None, error="connection error: pool closed",
+                           elapsed=time.monotonic() - started, address=ip)
         except NewConnectionError as exc:  # a subclass of ConnectTimeoutError: first
             # "<connection repr>: Failed to establish …: [Errno 111] …" → the cause
             return Attempt(None, error=f"connect error: {_short(exc).split(': ')[-1]}",
@@ -274,6 +358,8 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
             if watch.expired:
                 return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
                                elapsed=time.monotonic() - started, address=ip)
+            if again and isinstance(exc, ProtocolError) and _took.kept and _closed_before_answering(exc):
+                return _SEND_AGAIN
             return Attempt(None, error=f"connection error: {_short(exc)}",
                            elapsed=time.monotonic() - started, address=ip)
         whole = False
@@ -285,8 +371,15 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
                 # The receiver never finished answering: not a delivery.
                 return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
                                elapsed=time.monotonic() - started, address=ip)
-            excerpt, whole = _read_excerpt(resp)
-            whole = whole and not watch.expired
+            if resp.status < 200:
+                # An interim answer taken for the final one: the real answer
+                # follows on this connection. Not read (urllib3 hands a
+                # connection back to the pool when a body is read to its
+                # end, and a 1xx has none), so the finally closes it.
+                excerpt = ""
+            else:
+                excerpt, whole = _read_excerpt(resp)
+                whole = whole and not watch.expired
             return Attempt(resp.status,
                            retry_after=parse_retry_after(resp.headers.get("retry-after"),
                                                          resp.headers.get("date")),
@@ -296,6 +389,13 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
                 resp.release_conn()  # read to its end: the connection goes back for the next attempt
             else:
                 resp.close()  # a part left unread, or a socket the deadline shut: never reused
+
+
+def _closed_before_answering(exc: ProtocolError) -> bool:
+    # urllib3 wraps the cause: ('Connection aborted.', RemoteDisconnected(...))
+    cause = exc.args[1] if len(exc.args) > 1 else exc.__context__
+    return isinstance(cause, (http.client.RemoteDisconnected, ConnectionResetError,
+                              BrokenPipeError, ConnectionAbortedError))
 
 
 def _read_excerpt(resp: urllib3.BaseHTTPResponse) -> tuple[str, bool]:
