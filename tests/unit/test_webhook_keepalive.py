@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -318,6 +319,137 @@ def test_an_idle_kept_connection_is_closed_within_its_bound_without_another_deli
         assert len(transport.KEPT) == 0
         assert _post(rx.url()).status_code == 200   # a new pool, and a sweeper again
         wait_until(lambda: rx.ended == [1, 2], timeout=10, what="the second connection closed")
+    finally:
+        transport.KEPT.clear()
+        rx.close()
+
+
+def _reset(sock):
+    # an RST, not a FIN: linger on, zero seconds
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+@pytest.mark.parametrize("begun", [
+    pytest.param(b"HTTP/1.1 100 Continue\r\n\r\n", id="100-continue-then-closed"),
+    pytest.param(b"HTTP/1.1 200 OK\r\ncontent-", id="status-line-then-reset"),
+])
+def test_a_kept_connection_that_began_an_answer_before_it_ended_is_not_sent_again(begun):
+    # Second review: the receiver may have acted on it; only a connection that
+    # ended with no byte of an answer is the idle-close race.
+    def answer(number, count, sock):
+        if (number, count) != (1, 2):
+            sock.sendall(OK)
+            return
+        sock.sendall(begun)
+        time.sleep(0.1)
+        if b"100" in begun:
+            return False                     # closed (a FIN)
+        _reset(sock)
+        return False
+
+    rx = ScriptedReceiver(answer)
+    try:
+        assert _post(rx.url()).status_code == 200
+        failed = _post(rx.url())
+        assert failed.status_code is None and "connection error" in failed.error
+        assert rx.requests == [(1, 1), (1, 2)]
+    finally:
+        rx.close()
+
+
+def test_a_kept_connection_reset_with_no_answer_is_sent_again():
+    # the receiver's kernel answers a write to a socket it closed with an RST
+    def answer(number, count, sock):
+        if (number, count) == (1, 2):
+            _reset(sock)
+            return False
+        sock.sendall(OK)
+
+    rx = ScriptedReceiver(answer)
+    try:
+        assert _post(rx.url()).status_code == 200
+        assert _post(rx.url()).status_code == 200
+        assert rx.requests == [(1, 1), (1, 2), (2, 1)]
+    finally:
+        rx.close()
+
+
+def test_one_attempt_sends_its_request_at_most_twice_across_the_hosts_two_addresses(monkeypatch):
+    # Second review: "once" was counted per address. Address 1's kept
+    # connection ends unanswered and address 1 goes down (the new connection
+    # is refused); address 2's kept connection ends unanswered too: that one
+    # is a failure, not a third send.
+    first = socket.create_server(("127.0.0.1", 0))
+    port = first.getsockname()[1]
+    try:
+        second = socket.create_server(("127.0.0.2", port))
+    except OSError:
+        first.close()
+        pytest.skip("127.0.0.2 cannot be bound here")
+    seen: list[tuple[str, int]] = []
+    failing = threading.Event()
+
+    def serve(listener, name):
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(sock, name), daemon=True).start()
+
+    def answer(sock, name):
+        with sock:
+            count = 0
+            while True:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    head += data
+                count += 1
+                seen.append((name, count))
+                if failing.is_set():
+                    if name == "first":     # the address goes down as it drops the connection
+                        first.shutdown(socket.SHUT_RDWR)  # (a close alone leaves a blocked accept listening)
+                        first.close()
+                    return
+                sock.sendall(OK)
+
+    for listener, name in ((first, "first"), (second, "second")):
+        threading.Thread(target=serve, args=(listener, name), daemon=True).start()
+    url = f"http://hooks.example.test:{port}/hook"
+    try:
+        _resolver(monkeypatch, "127.0.0.2")
+        assert _post(url).status_code == 200  # a kept connection to each address
+        _resolver(monkeypatch, "127.0.0.1", "127.0.0.2")
+        assert _post(url).status_code == 200
+        failing.set()
+        seen.clear()
+        failed = _post(url)
+        assert failed.status_code is None
+        assert seen == [("first", 2), ("second", 2)]  # sent twice in all
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_delivery_slower_than_the_idle_bound_keeps_its_pool_for_the_next(monkeypatch):
+    # Second review: the sweeper judged idleness from the pool's take, so a
+    # pool in use past the bound was closed under its delivery.
+    monkeypatch.setattr(transport, "KEPT_IDLE_SECONDS", 0.4)
+    monkeypatch.setattr(transport, "KEPT", transport._KeptPools())
+
+    def answer(number, count, sock):
+        if count == 2:
+            time.sleep(1.5)
+        sock.sendall(OK)
+
+    rx = ScriptedReceiver(answer)
+    try:
+        assert [_post(rx.url()).status_code for _ in range(3)] == [200] * 3
+        assert rx.requests == [(1, 1), (1, 2), (1, 3)]
     finally:
         transport.KEPT.clear()
         rx.close()

@@ -36,7 +36,9 @@
   restart) fails as the request is sent, before any answer: the attempt is
   made once more at once, within the same deadline, on a new connection
   (the pool is replaced, its other idle connections are likely closed too).
-  Only for a connection reused from the pool, and only once: the rule
+  Only for a connection reused from the pool, with no byte of an answer
+  received (a ``100 Continue`` counts), and only once per attempt, whichever
+  address: the rule
   browsers follow for a kept connection that ends with no answer (delivery
   is at least once, under one ``webhook-id``, either way). A new connection
   that ends so is a failed attempt (fresh-clone review of issue 30: 67 of
@@ -61,7 +63,8 @@ from urllib3.exceptions import (ClosedPoolError, ConnectTimeoutError, HTTPError,
                                 ProtocolError, ReadTimeoutError, SSLError)
 
 from vpay.base.settings import env_seconds
-from vpay.base.http_deadline import WatchedHTTPPool, WatchedHTTPSPool, Deadline, parse_retry_after
+from vpay.base.http_deadline import (WatchedHTTPConnection, WatchedHTTPPool, WatchedHTTPSConnection,
+                                     WatchedHTTPSPool, Deadline, parse_retry_after)
 from vpay.webhooks.policy import UrlRefused, check_url
 
 __all__ = ["Attempt", "CONNECT_TIMEOUT_ENV", "MAX_RESPONSE_BYTES", "READ_TIMEOUT_ENV", "attempt_deadline",
@@ -154,12 +157,34 @@ def _ssl_context(verify: bool | str) -> ssl.SSLContext:
 
 
 _took = threading.local()
-"""``_took.kept``: whether this thread's last connection taken from a pool
-was an open one kept from an earlier attempt (not a new one, nor one
-urllib3 found dropped and reopens)."""
+"""This thread's attempt: ``kept``, whether the connection it took from its
+pool was an open one kept from an earlier attempt (not a new one, nor one
+urllib3 found dropped and reopens); ``answered``, whether any byte of an
+answer came on it."""
+
+
+class _Answer(http.client.HTTPResponse):
+    """http.client's response, noting whether the receiver sent a byte
+    before the status line is parsed (a ``100 Continue`` skipped, or a
+    status line followed by a reset, is an answer begun: never sent again)."""
+
+    def begin(self):
+        if self.fp.peek(1):  # blocks as the status line's read would; b"": closed
+            _took.answered = True
+        super().begin()
+
+
+class _KeptHTTPConnection(WatchedHTTPConnection):
+    response_class = _Answer
+
+
+class _KeptHTTPSConnection(WatchedHTTPSConnection):
+    response_class = _Answer
 
 
 class _KeptHTTPPool(WatchedHTTPPool):
+    ConnectionCls = _KeptHTTPConnection
+
     def _get_conn(self, timeout=None):
         conn = super()._get_conn(timeout)
         _took.kept = getattr(conn, "sock", None) is not None
@@ -167,6 +192,8 @@ class _KeptHTTPPool(WatchedHTTPPool):
 
 
 class _KeptHTTPSPool(WatchedHTTPSPool):
+    ConnectionCls = _KeptHTTPSConnection
+
     def _get_conn(self, timeout=None):
         conn = super()._get_conn(timeout)
         _took.kept = getattr(conn, "sock", None) is not None
@@ -194,15 +221,17 @@ def _pinned_pool(scheme: str, ip: str, port: int, host: str, connect_timeout: fl
 class _KeptPools:
     """The pinned pools kept between attempts (see the module doc): at most
     ``KEPT_POOLS``, least recently used closed first; those unused for
-    ``KEPT_IDLE_SECONDS`` are closed by a sweeper thread (running while any
-    pool is kept, looking every quarter of that bound) or the next ``take``.
+    ``KEPT_IDLE_SECONDS`` (and not in use: a delivery slower than that keeps
+    its pool) are closed by a sweeper thread (running while any pool is
+    kept, looking every quarter of that bound) or the next ``take``.
     Thread-safe.
     ``clock``: monotonic seconds (tests)."""
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
         self._lock = threading.Lock()
-        self._pools: OrderedDict[tuple, tuple[urllib3.HTTPConnectionPool, float]] = OrderedDict()
+        # key -> [pool, last used (monotonic s), attempts using it now]
+        self._pools: OrderedDict[tuple, list] = OrderedDict()
         self._sweeping = False  # a sweeper thread runs
 
     def take(self, key: tuple, make, fresh: bool = False) -> urllib3.HTTPConnectionPool:
@@ -215,8 +244,11 @@ class _KeptPools:
             if kept is not None and fresh:
                 stale.append(kept[0])
                 kept = None
-            pool = kept[0] if kept is not None else make()
-            self._pools[key] = (pool, now)
+            if kept is None:
+                kept = [make(), now, 0]
+            kept[1], kept[2] = now, kept[2] + 1
+            self._pools[key] = kept
+            pool = kept[0]
             while len(self._pools) > KEPT_POOLS:
                 stale.append(self._pools.popitem(last=False)[1][0])
             if not self._sweeping:
@@ -227,11 +259,11 @@ class _KeptPools:
         return pool
 
     def _stale(self, now: float) -> list[urllib3.HTTPConnectionPool]:
-        # least recently used first: what sat idle past the bound (under the lock)
-        stale = []
-        while self._pools and now - next(iter(self._pools.values()))[1] >= KEPT_IDLE_SECONDS:
-            stale.append(self._pools.popitem(last=False)[1][0])
-        return stale
+        # What sat idle past the bound, none in use (under the lock): a
+        # delivery slower than the bound keeps its pool for the next one.
+        stale = [key for key, (_, last, using) in self._pools.items()
+                 if not using and now - last >= KEPT_IDLE_SECONDS]
+        return [self._pools.pop(key)[0] for key in stale]
 
     def _sweep(self) -> None:
         # Closes idle pools without waiting for the next delivery (the
@@ -248,11 +280,12 @@ class _KeptPools:
             if not self._sweeping:
                 return
 
-    def used(self, key: tuple) -> None:
-        """An attempt through ``key``'s pool has just ended."""
+    def used(self, key: tuple, pool: urllib3.HTTPConnectionPool) -> None:
+        """An attempt through ``key``'s ``pool`` (as ``take`` gave it) has just ended."""
         with self._lock:
-            if key in self._pools:
-                self._pools[key] = (self._pools[key][0], self._clock())
+            kept = self._pools.get(key)
+            if kept is not None and kept[0] is pool:
+                kept[1], kept[2] = self._clock(), max(kept[2] - 1, 0)
                 self._pools.move_to_end(key)
 
     def __len__(self) -> int:
@@ -262,7 +295,7 @@ class _KeptPools:
         """Close every kept pool (tests; a worker's exit closes the sockets anyway)."""
         with self._lock:
             pools, self._pools = list(self._pools.values()), OrderedDict()
-        for pool, _ in pools:
+        for pool, *_ in pools:
             pool.close()
 
 
@@ -294,6 +327,7 @@ def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: 
     send_headers.update({"host": target.host_header, "accept-encoding": "identity"})
     last: Attempt | None = None
     deadline = attempt_deadline(connect_timeout, read_timeout)
+    sent_again = False  # once per attempt, whichever address
     for ip in target.addresses[:2]:
         remaining = deadline - (time.monotonic() - started)
         if remaining <= 0:
@@ -302,19 +336,23 @@ def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: 
                verify if isinstance(verify, (bool, str)) else True)
         make = partial(_pinned_pool, target.scheme, ip, target.port, target.host,
                        connect_timeout, read_timeout, verify)
+        pool = KEPT.take(key, make)
         try:
-            last = _post_once(KEPT.take(key, make), target.request_path, body, send_headers,
-                              connect_timeout, read_timeout, remaining, started, ip)
+            last = _post_once(pool, target.request_path, body, send_headers, connect_timeout,
+                              read_timeout, remaining, started, ip, again=not sent_again)
             if last is _SEND_AGAIN:
+                sent_again = True
+                KEPT.used(key, pool)
                 # a kept connection the receiver had closed: once more, on a new one
                 remaining = deadline - (time.monotonic() - started)
-                last = (_post_once(KEPT.take(key, make, fresh=True), target.request_path, body,
-                                   send_headers, connect_timeout, read_timeout, remaining, started,
-                                   ip, again=False) if remaining > 0 else
+                pool = KEPT.take(key, make, fresh=True)
+                last = (_post_once(pool, target.request_path, body, send_headers, connect_timeout,
+                                   read_timeout, remaining, started, ip, again=False)
+                        if remaining > 0 else
                         Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
                                 elapsed=time.monotonic() - started, address=ip))
         finally:
-            KEPT.used(key)
+            KEPT.used(key, pool)
         if not last.error or not last.error.startswith("connect"):
             return last
     return last or Attempt(None, error="timeout: attempt deadline", elapsed=time.monotonic() - started)
@@ -330,7 +368,7 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
                ip: str, again: bool = True) -> Attempt:
     watch = Deadline(deadline)
     with watch:
-        _took.kept = False
+        _took.kept = _took.answered = False
         try:
             resp = pool.urlopen("POST", path, body=body, headers=headers, redirect=False,
                                 retries=False, preload_content=False, assert_same_host=False,
@@ -358,7 +396,8 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
             if watch.expired:
                 return Attempt(None, error=f"timeout: attempt deadline of {deadline:g} s",
                                elapsed=time.monotonic() - started, address=ip)
-            if again and isinstance(exc, ProtocolError) and _took.kept and _closed_before_answering(exc):
+            if again and isinstance(exc, ProtocolError) and _took.kept and not _took.answered \
+                    and _closed_before_answering(exc):
                 return _SEND_AGAIN
             return Attempt(None, error=f"connection error: {_short(exc)}",
                            elapsed=time.monotonic() - started, address=ip)
@@ -392,7 +431,8 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
 
 
 def _closed_before_answering(exc: ProtocolError) -> bool:
-    # urllib3 wraps the cause: ('Connection aborted.', RemoteDisconnected(...))
+    # urllib3 wraps the cause: ('Connection aborted.', RemoteDisconnected(...));
+    # a connection the receiver had closed ends in EOF or, written to, a reset
     cause = exc.args[1] if len(exc.args) > 1 else exc.__context__
     return isinstance(cause, (http.client.RemoteDisconnected, ConnectionResetError,
                               BrokenPipeError, ConnectionAbortedError))
