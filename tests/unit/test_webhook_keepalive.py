@@ -7,7 +7,6 @@ the connections they accept."""
 from __future__ import annotations
 
 import socket
-import ssl
 import struct
 import threading
 import time
@@ -19,7 +18,7 @@ from support import wait_until
 from vpay import webhooks
 from vpay.webhooks import transport
 from test_webhooks import _resolver  # noqa: F401 - kept in tests/integration/test_webhooks.py
-from test_webhooks_unit import _openssl_certs
+from test_webhooks_unit import serve_tls
 
 
 class CountingReceiver:
@@ -98,13 +97,8 @@ def test_deliveries_to_one_receiver_reuse_its_connection():
 
 
 def test_https_deliveries_make_one_tls_handshake_and_a_name_verified_apart(tmp_path, monkeypatch):
-    ca, cert, key = _openssl_certs(tmp_path, "hooks.example.test")
-    handshakes: list[str | None] = []
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert, key)
-    ctx.sni_callback = lambda sock, name, _ctx: handshakes.append(name)
     rx = CountingReceiver()
-    rx.server.socket = ctx.wrap_socket(rx.server.socket, server_side=True)
+    ca, handshakes = serve_tls(rx.server, tmp_path, "hooks.example.test")
     try:
         _resolver(monkeypatch, "127.0.0.1")
         ok = [_post(rx.url("https", "hooks.example.test"), verify=ca).status_code for _ in range(3)]

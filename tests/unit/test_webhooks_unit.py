@@ -40,15 +40,23 @@ def _openssl_certs(tmp: Path, name: str) -> tuple[str, str, str]:
     return str(tmp / "ca.pem"), str(tmp / "leaf.pem"), str(tmp / "leaf.key")
 
 
-def test_pinned_https_still_sends_sni_and_verifies_the_hostname(tmp_path, monkeypatch):
+def serve_tls(server, tmp: Path, name: str) -> tuple[str, list[str | None]]:
+    """Wrap ``server`` (an http.server) in TLS with a leaf for ``name`` from
+    a test CA; answers the CA's path and the list the SNI names each
+    handshake sent are appended to."""
     import ssl
-    ca, cert, key = _openssl_certs(tmp_path, "hooks.example.test")
+    ca, cert, key = _openssl_certs(tmp, name)
     sni: list[str | None] = []
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
-    ctx.sni_callback = lambda sock, name, _ctx: sni.append(name)
+    ctx.sni_callback = lambda sock, sent, _ctx: sni.append(sent)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    return ca, sni
+
+
+def test_pinned_https_still_sends_sni_and_verifies_the_hostname(tmp_path, monkeypatch):
     rx = Receiver()
-    rx.server.socket = ctx.wrap_socket(rx.server.socket, server_side=True)
+    ca, sni = serve_tls(rx.server, tmp_path, "hooks.example.test")
     try:
         _resolver(monkeypatch, "127.0.0.1")
         body = b'{"id":"evt_1"}'

@@ -182,22 +182,22 @@ class _KeptHTTPSConnection(WatchedHTTPSConnection):
     response_class = _Answer
 
 
-class _KeptHTTPPool(WatchedHTTPPool):
+class _NotesKept:
+    """Pool mixin: notes in ``_took.kept`` whether the connection handed out
+    is an open one kept from an earlier attempt."""
+
+    def _get_conn(self, timeout=None):
+        conn = super()._get_conn(timeout)
+        _took.kept = getattr(conn, "sock", None) is not None
+        return conn
+
+
+class _KeptHTTPPool(_NotesKept, WatchedHTTPPool):
     ConnectionCls = _KeptHTTPConnection
 
-    def _get_conn(self, timeout=None):
-        conn = super()._get_conn(timeout)
-        _took.kept = getattr(conn, "sock", None) is not None
-        return conn
 
-
-class _KeptHTTPSPool(WatchedHTTPSPool):
+class _KeptHTTPSPool(_NotesKept, WatchedHTTPSPool):
     ConnectionCls = _KeptHTTPSConnection
-
-    def _get_conn(self, timeout=None):
-        conn = super()._get_conn(timeout)
-        _took.kept = getattr(conn, "sock", None) is not None
-        return conn
 
 
 def _pinned_pool(scheme: str, ip: str, port: int, host: str, connect_timeout: float,
