@@ -353,10 +353,15 @@ def parse_retry_after(value: str | None, date_header: str | None = None) -> floa
         return None
     value = value.strip()
     if value.isdigit():
-        return float(int(value))
+        # str.isdigit takes "²" and other digits int() refuses; and a
+        # 400-digit number does not fit a float: unparseable, never a raise
+        try:
+            return float(int(value))
+        except (ValueError, OverflowError):
+            return None
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when is None:
         return None
@@ -364,7 +369,7 @@ def parse_retry_after(value: str | None, date_header: str | None = None) -> floa
     if date_header:
         try:
             now = parsedate_to_datetime(date_header)
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):
             now = None
     if now is None:
         now = datetime.now(timezone.utc)

@@ -163,15 +163,46 @@ urllib3 found dropped and reopens); ``answered``, whether any byte of an
 answer came on it."""
 
 
+class AnswerCutShort(http.client.HTTPException):
+    """The receiver ended the connection inside its answer's headers."""
+
+
+class _LinesWatched:
+    # The response's file while its headers are read: keeps the last line.
+    __slots__ = ("_fp", "last")
+
+    def __init__(self, fp):
+        self._fp, self.last = fp, b"\r\n"
+
+    def readline(self, *args):
+        self.last = self._fp.readline(*args)
+        return self.last
+
+    def __getattr__(self, name):
+        return getattr(self._fp, name)
+
+
 class _Answer(http.client.HTTPResponse):
     """http.client's response, noting whether the receiver sent a byte
     before the status line is parsed (a ``100 Continue`` skipped, or a
-    status line followed by a reset, is an answer begun: never sent again)."""
+    status line followed by a reset, is an answer begun: never sent again),
+    and refusing headers the receiver cut short: http.client takes the end
+    of the connection for the end of the headers and hands back the status
+    (``AnswerCutShort``, a connection error: not a delivery, as when the
+    deadline cuts them)."""
 
     def begin(self):
         if self.fp.peek(1):  # blocks as the status line's read would; b"": closed
             _took.answered = True
-        super().begin()
+        real = self.fp
+        watched = self.fp = _LinesWatched(real)
+        try:
+            super().begin()
+        finally:
+            if self.fp is watched:
+                self.fp = real
+        if not watched.last.endswith(b"\n"):  # not the blank line that ends the headers
+            raise AnswerCutShort("the receiver closed the connection inside its answer's headers")
 
 
 class _KeptHTTPConnection(WatchedHTTPConnection):
@@ -188,7 +219,14 @@ class _NotesKept:
 
     def _get_conn(self, timeout=None):
         conn = super()._get_conn(timeout)
-        _took.kept = getattr(conn, "sock", None) is not None
+        sock = getattr(conn, "sock", None)
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            # Bytes after the last answer, already decrypted inside TLS:
+            # urllib3's dropped-connection check reads the socket, not the
+            # TLS layer, and the next attempt would read them as its answer.
+            conn.close()
+            sock = None
+        _took.kept = sock is not None
         return conn
 
 
@@ -223,7 +261,9 @@ class _KeptPools:
     ``KEPT_POOLS``, least recently used closed first; those unused for
     ``KEPT_IDLE_SECONDS`` (and not in use: a delivery slower than that keeps
     its pool) are closed by a sweeper thread (running while any pool is
-    kept, looking every quarter of that bound) or the next ``take``.
+    kept, looking every quarter of that bound) or the next ``take``. A pool
+    replaced (``fresh``) or evicted while attempts use it is closed when the
+    last of them ends, never under one.
     Thread-safe.
     ``clock``: monotonic seconds (tests)."""
 
@@ -232,6 +272,9 @@ class _KeptPools:
         self._lock = threading.Lock()
         # key -> [pool, last used (monotonic s), attempts using it now]
         self._pools: OrderedDict[tuple, list] = OrderedDict()
+        # pools replaced or evicted while attempts used them: id -> entry,
+        # closed when the last of those attempts ends (at most one per attempt)
+        self._retired: dict[int, list] = {}
         self._sweeping = False  # a sweeper thread runs
 
     def take(self, key: tuple, make, fresh: bool = False) -> urllib3.HTTPConnectionPool:
@@ -242,7 +285,7 @@ class _KeptPools:
             stale = self._stale(now)
             kept = self._pools.pop(key, None)
             if kept is not None and fresh:
-                stale.append(kept[0])
+                stale += self._retire(kept)
                 kept = None
             if kept is None:
                 kept = [make(), now, 0]
@@ -250,13 +293,21 @@ class _KeptPools:
             self._pools[key] = kept
             pool = kept[0]
             while len(self._pools) > KEPT_POOLS:
-                stale.append(self._pools.popitem(last=False)[1][0])
+                stale += self._retire(self._pools.popitem(last=False)[1])
             if not self._sweeping:
                 self._sweeping = True
                 threading.Thread(target=self._sweep, name="webhook-pools-sweeper", daemon=True).start()
         for old in stale:
             old.close()
         return pool
+
+    def _retire(self, entry: list) -> list[urllib3.HTTPConnectionPool]:
+        # out of the kept pools (under the lock): closed now when unused
+        # (answered for the caller to close), else by its last user's ``used``
+        if entry[2] == 0:
+            return [entry[0]]
+        self._retired[id(entry[0])] = entry
+        return []
 
     def _stale(self, now: float) -> list[urllib3.HTTPConnectionPool]:
         # What sat idle past the bound, none in use (under the lock): a
@@ -287,6 +338,15 @@ class _KeptPools:
             if kept is not None and kept[0] is pool:
                 kept[1], kept[2] = self._clock(), max(kept[2] - 1, 0)
                 self._pools.move_to_end(key)
+                return
+            retired = self._retired.get(id(pool))
+            if retired is None or retired[0] is not pool:
+                return
+            retired[2] -= 1
+            if retired[2] > 0:
+                return
+            del self._retired[id(pool)]
+        pool.close()
 
     def __len__(self) -> int:
         return len(self._pools)
@@ -294,7 +354,8 @@ class _KeptPools:
     def clear(self) -> None:
         """Close every kept pool (tests; a worker's exit closes the sockets anyway)."""
         with self._lock:
-            pools, self._pools = list(self._pools.values()), OrderedDict()
+            pools = list(self._pools.values()) + list(self._retired.values())
+            self._pools, self._retired = OrderedDict(), {}
         for pool, *_ in pools:
             pool.close()
 
@@ -353,10 +414,13 @@ def post(url: str, body: bytes, headers: Mapping[str, str], *, connect_timeout: 
                                 elapsed=time.monotonic() - started, address=ip))
         finally:
             KEPT.used(key, pool)
-        if not last.error or not last.error.startswith("connect"):
-            return last
+        if not last.error or not last.error.startswith(_NOT_MADE):
+            return last  # the next address only when no connection was made: nothing was sent
     return last or Attempt(None, error="timeout: attempt deadline", elapsed=time.monotonic() - started)
 
+
+_NOT_MADE = ("connect error", "connect timeout")
+"""How the errors of an attempt that made no connection begin (``_post_once``)."""
 
 _SEND_AGAIN = Attempt(None, error="a kept connection closed by the receiver")
 """``_post_once``'s answer when the request failed on a connection reused
@@ -390,6 +454,8 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
             return Attempt(None, error=f"timeout: no response within {read_timeout:g} s",
                            elapsed=time.monotonic() - started, address=ip)
         except SSLError as exc:
+            if again and _took.kept and not _took.answered and _tls_closed(exc):
+                return _SEND_AGAIN  # a kept TLS connection closed under the request
             return Attempt(None, error=f"tls error: {_short(exc)}",
                            elapsed=time.monotonic() - started, address=ip)
         except (HTTPError, OSError) as exc:
@@ -399,6 +465,10 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
             if again and isinstance(exc, ProtocolError) and _took.kept and not _took.answered \
                     and _closed_before_answering(exc):
                 return _SEND_AGAIN
+            if isinstance(exc, ProtocolError) and isinstance(_cause(exc), TimeoutError):
+                # the request's write stalled (urllib3 says "Connection aborted")
+                return Attempt(None, error=f"timeout: sending took over {read_timeout:g} s",
+                               elapsed=time.monotonic() - started, address=ip)
             return Attempt(None, error=f"connection error: {_short(exc)}",
                            elapsed=time.monotonic() - started, address=ip)
         whole = False
@@ -430,12 +500,32 @@ def _post_once(pool: urllib3.HTTPConnectionPool, path: str, body: bytes, headers
                 resp.close()  # a part left unread, or a socket the deadline shut: never reused
 
 
+def _cause(exc: ProtocolError) -> BaseException | None:
+    # urllib3 wraps the cause: ('Connection aborted.', RemoteDisconnected(...))
+    return exc.args[1] if len(exc.args) > 1 else exc.__context__
+
+
+def _tls_closed(exc: SSLError) -> bool:
+    # urllib3's SSLError(ssl.SSLEOFError(...)): the peer ended the session
+    # (or reset it) under the request, not a failed handshake or check
+    seen, todo = set(), [exc]
+    while todo:
+        one = todo.pop()
+        if one is None or id(one) in seen:
+            continue
+        seen.add(id(one))
+        if isinstance(one, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionResetError,
+                            BrokenPipeError)):
+            return True
+        todo += [a for a in getattr(one, "args", ()) if isinstance(a, BaseException)]
+        todo += [one.__cause__, one.__context__]
+    return False
+
+
 def _closed_before_answering(exc: ProtocolError) -> bool:
-    # urllib3 wraps the cause: ('Connection aborted.', RemoteDisconnected(...));
     # a connection the receiver had closed ends in EOF or, written to, a reset
-    cause = exc.args[1] if len(exc.args) > 1 else exc.__context__
-    return isinstance(cause, (http.client.RemoteDisconnected, ConnectionResetError,
-                              BrokenPipeError, ConnectionAbortedError))
+    return isinstance(_cause(exc), (http.client.RemoteDisconnected, ConnectionResetError,
+                                    BrokenPipeError, ConnectionAbortedError))
 
 
 def _read_excerpt(resp: urllib3.BaseHTTPResponse) -> tuple[str, bool]:
