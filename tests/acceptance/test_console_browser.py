@@ -139,6 +139,9 @@ def test_acknowledge_alerts_in_bulk(page_as, db, tmp_path):
     page.get_by_label("Kind").select_option("rail_misconfigured")
     page.get_by_label("State").select_option("open")
     page.get_by_role("button", name="Filter", exact=True).click()
+    # htmx swaps the filtered list in and then pushes its URL; filling the note
+    # before that filled the page about to be replaced (a CI flake under load)
+    page.wait_for_url(re.compile(r"[?&]kind=rail_misconfigured"))
     page.get_by_label("Note").fill("key rotated, INC-42")
     page.get_by_role("button", name="Acknowledge every open alert matching the filter").click()
     page.get_by_text("Acknowledged 3 alert(s).").wait_for()
