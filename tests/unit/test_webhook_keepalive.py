@@ -447,3 +447,24 @@ def test_a_delivery_slower_than_the_idle_bound_keeps_its_pool_for_the_next(monke
     finally:
         transport.KEPT.clear()
         rx.close()
+
+
+def test_the_sweeper_ends_when_nothing_is_kept(monkeypatch):
+    monkeypatch.setattr(transport, "KEPT_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(transport, "KEPT", transport._KeptPools())
+    rxs = [ScriptedReceiver(lambda number, count, sock: sock.sendall(OK)) for _ in range(3)]
+
+    def sweepers():
+        return [t for t in threading.enumerate() if t.name == "webhook-pools-sweeper" and t.is_alive()]
+
+    try:
+        for round_ in range(5):                  # pools emptied and kept again, as a sweeper ends
+            for rx in rxs:
+                assert _post(rx.url()).status_code == 200
+            time.sleep(0.05 * round_)
+        wait_until(lambda: len(transport.KEPT) == 0 and not sweepers(), timeout=10,
+                   what="every pool swept and the sweeper gone")
+    finally:
+        transport.KEPT.clear()
+        for rx in rxs:
+            rx.close()

@@ -278,8 +278,9 @@ class _KeptPools:
         self._sweeping = False  # a sweeper thread runs
 
     def take(self, key: tuple, make, fresh: bool = False) -> urllib3.HTTPConnectionPool:
-        """The kept pool for ``key`` (``make()`` makes one when there is none,
-        only a stale one, or ``fresh``: the kept one is closed)."""
+        """The kept pool for ``key``, counted in use until ``used`` (``make()``
+        makes one when there is none, only a stale one, or ``fresh``: the kept
+        one is closed, once no other attempt uses it)."""
         with self._lock:
             now = self._clock()
             stale = self._stale(now)
@@ -324,11 +325,12 @@ class _KeptPools:
             time.sleep(KEPT_IDLE_SECONDS / 4)
             with self._lock:
                 stale = self._stale(self._clock())
-                if not self._pools:
+                done = not self._pools
+                if done:  # a take from now on starts another sweeper
                     self._sweeping = False
             for old in stale:
                 old.close()
-            if not self._sweeping:
+            if done:
                 return
 
     def used(self, key: tuple, pool: urllib3.HTTPConnectionPool) -> None:
