@@ -261,7 +261,8 @@ class _KeptPools:
     ``KEPT_POOLS``, least recently used closed first; those unused for
     ``KEPT_IDLE_SECONDS`` (and not in use: a delivery slower than that keeps
     its pool) are closed by a sweeper thread (running while any pool is
-    kept, looking every quarter of that bound) or the next ``take``. A pool
+    kept, looking every quarter of that bound), or replaced by the next
+    ``take`` of its key. A pool
     replaced (``fresh``) or evicted while attempts use it is closed when the
     last of them ends, never under one.
     Thread-safe.
@@ -281,11 +282,13 @@ class _KeptPools:
         """The kept pool for ``key``, counted in use until ``used`` (``make()``
         makes one when there is none, only a stale one, or ``fresh``: the kept
         one is closed, once no other attempt uses it)."""
+        stale: list[urllib3.HTTPConnectionPool] = []
         with self._lock:
             now = self._clock()
-            stale = self._stale(now)
+            # Only this key's pool is looked at here (the sweeper closes the
+            # others): one idle past the bound is replaced, not reused.
             kept = self._pools.pop(key, None)
-            if kept is not None and fresh:
+            if kept is not None and (fresh or (not kept[2] and now - kept[1] >= KEPT_IDLE_SECONDS)):
                 stale += self._retire(kept)
                 kept = None
             if kept is None:
