@@ -252,9 +252,10 @@ class Worker:
             if borrowed:
                 metrics.job_borrowed(job.lane)
             # There may be more where this came from: one idle sibling claims
-            # too. (Only when the claim saw more due was tried: one empty
-            # claim fewer per lone job, but borrowers then missed re-reads
-            # falling due by time, 1 % of a burst's reads: docs/performance.md.)
+            # too. (Tried and left out: waking one only when the claim saw
+            # more due. One empty claim fewer per lone job, but borrowers then
+            # missed re-reads falling due by time, 1 % of a burst's reads:
+            # docs/performance.md.)
             self.waker.spread(slot, job.lane)
             if self.fairness.take_turn(job.lane, job.late_by):
                 self._rebalance(job.lane)
