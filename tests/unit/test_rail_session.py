@@ -112,3 +112,93 @@ def test_a_ca_bundle_named_by_the_environment_is_the_trust_store(server, clean_e
     clean_env.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "no-such-bundle.pem"))
     with pytest.raises(OSError, match="no-such-bundle"):
         new_session().get(f"https://127.0.0.1:{rail.server_port}/status/5", timeout=5)
+
+
+class _Mover(BaseHTTPRequestHandler):
+    """Plays a rail whose answers point elsewhere: a token to any POST, a 302
+    to ``server.target`` for any GET."""
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = b'{"access_token": "token-1", "token_type": "access_token", "expires_in": 3600}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(302)
+        self.send_header("location", self.server.target + self.path)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def mover():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Mover)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _headers_seen(srv) -> list[dict[str, str]]:
+    return [dict(h) for h in srv.seen_headers]
+
+
+class _HeaderRecorder(_Recorder):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.server.seen_headers.append(self.headers)
+        super().do_GET()
+
+
+@pytest.fixture
+def recorder():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _HeaderRecorder)
+    srv.seen, srv.seen_headers = [], []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_redirect_is_the_answer_never_followed(mover, recorder, clean_env):
+    mover.target = f"http://127.0.0.1:{recorder.server_port}"
+    answer = new_session().get(f"http://127.0.0.1:{mover.server_port}/status/6",
+                               headers={"Ocp-Apim-Subscription-Key": "key-1"}, timeout=5)
+    assert answer.status_code == 302
+    assert recorder.seen == []  # requests would have sent the key on to the other host
+
+
+def test_an_mtn_status_read_redirected_elsewhere_is_no_answer_and_sends_no_key_there(mover, recorder, clean_env):
+    from vpay.rails.mtn import MtnMomo
+    from vpay.rails.port import ChargeRequest, StatusKind
+    mover.target = f"http://127.0.0.1:{recorder.server_port}"
+    adapter = MtnMomo(base_url=f"http://127.0.0.1:{mover.server_port}", subscription_key="key-1",
+                      api_user="user-1", api_key="secret-1")
+    status = adapter.status(ChargeRequest(charge_id="ch_1", rail_reference="3f0c3c1e-0000-4000-8000-000000000001",
+                                          amount=100, currency="EUR", payer="46700000001"))
+    assert (status.kind, status.http_status) == (StatusKind.NO_ANSWER, 302)
+    assert recorder.seen == []
+
+
+def test_the_sessions_headers_go_under_the_calls_own(recorder, clean_env):
+    session = new_session()
+    session.headers["X-Kept"] = "from-session"
+    session.headers["X-Replaced"] = "from-session"
+    url = f"http://127.0.0.1:{recorder.server_port}/status/7"
+    session.headers["X-Dropped"] = "from-session"
+    assert session.get(url, headers={"X-Replaced": "from-call", "X-Dropped": None}, timeout=5).ok
+    seen = _headers_seen(recorder)[-1]
+    assert seen["X-Kept"] == "from-session" and seen["X-Replaced"] == "from-call"
+    assert "X-Dropped" not in seen  # a header set to None is not sent, as requests does
+
+
+def test_other_arguments_take_requests_own_path(recorder, clean_env):
+    url = f"http://127.0.0.1:{recorder.server_port}/status/8"
+    assert new_session().get(url, params={"a": "1"}, timeout=5).ok
+    assert recorder.seen[-1][0] == "/status/8?a=1"

@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
+from requests.structures import CaseInsensitiveDict
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
@@ -275,6 +276,9 @@ class DeadlineAdapter(HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = dict(WATCHED_POOLS)
 
 
+_SHORT_WAY = frozenset({"headers", "json", "data", "timeout", "allow_redirects"})
+"""The arguments a ``RailSession`` call may have to be sent the short way."""
+
 MAX_ENVIRONMENT_ORIGINS = 64
 """How many origins (scheme, host, port) a ``RailSession`` keeps the
 environment's answer for; past it the kept answers are dropped and read
@@ -299,6 +303,29 @@ class RailSession(requests.Session):
     * ``~/.netrc`` is never read: every rail call sets its own
       ``Authorization``, which a ``.netrc`` entry for the rail's host would
       otherwise replace.
+
+    A call with only ``headers``, ``json``, ``data``, ``timeout`` (and
+    ``allow_redirects``, ignored; an argument given as ``None`` counts as
+    not given) — every rail adapter's call
+    (``vpay.rails.http.exchange``) — is sent the short way: the request is
+    prepared (method, URL, the session's headers under the call's, body)
+    and handed to the mounted adapter (``requests``' documented transport
+    adapter API; ``responses`` still sees it), and its body read before
+    returning. What that leaves out, on purpose:
+
+    * **redirects are never followed**: a 3xx is the answer (the adapters
+      read it as NO_ANSWER). ``requests`` strips only ``Authorization`` when
+      a redirect leaves the host; MoMo's ``Ocp-Apim-Subscription-Key`` and
+      the reference headers would go on to wherever a misconfigured or
+      hijacked base URL points;
+    * no cookie jar (no rail uses cookies), no hooks, no credentials taken
+      from the URL (the call's own ``Authorization`` stands);
+    * ``Session.request``'s merging of settings, which cost about an eighth
+      of a status read's CPU (issue 30, bench/charges.py).
+
+    Any other argument (``params``, ``auth``, ``files``, ``cookies``,
+    ``stream``, ``verify``, ...) takes ``requests``' own path, with the
+    environment's proxies and trust supplied as above.
     """
 
     def __init__(self) -> None:
@@ -309,6 +336,9 @@ class RailSession(requests.Session):
 
     def request(self, method, url, *args, **kwargs):  # noqa: D102 - requests' signature
         proxies, bundle = self._from_environment(url)
+        given = {name: value for name, value in kwargs.items() if value is not None}
+        if not args and _SHORT_WAY.issuperset(given):  # an argument given as None is not given
+            return self._send_short(method, url, proxies, bundle, **given)
         if proxies:
             given = dict(kwargs.get("proxies") or {})
             for scheme, proxy in proxies.items():
@@ -317,6 +347,25 @@ class RailSession(requests.Session):
         if bundle and kwargs.get("verify") in (True, None):
             kwargs["verify"] = bundle
         return super().request(method, url, *args, **kwargs)
+
+    def _send_short(self, method: str, url: str, proxies: dict[str, str], bundle: str | None, *,
+                    headers=None, json=None, data=None, timeout=None,
+                    allow_redirects: bool = False) -> requests.Response:
+        merged = CaseInsensitiveDict(self.headers)
+        if headers:
+            merged.update(headers)
+            for name in [name for name, value in merged.items() if value is None]:
+                del merged[name]  # as requests does: a header set to None is not sent
+        prep = requests.PreparedRequest()
+        prep.prepare_method(method)
+        prep.prepare_url(url, None)
+        prep.prepare_headers(merged)
+        prep.prepare_body(data, None, json)
+        response = self.get_adapter(url).send(
+            prep, stream=False, timeout=timeout, verify=bundle or self.verify, cert=self.cert,
+            proxies={**self.proxies, **proxies})
+        response.content  # noqa: B018 - read the body now, inside the caller's deadline
+        return response
 
     def _from_environment(self, url: str) -> tuple[dict[str, str], str | None]:
         parts = urlsplit(url)
