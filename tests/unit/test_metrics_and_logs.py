@@ -65,6 +65,20 @@ def test_lines_inside_a_job_carry_its_fields_and_lines_outside_do_not(captured):
     assert "job_id" not in outside and "worker_id" not in outside
 
 
+def test_a_line_looks_up_no_caller_frame_thread_or_process(captured):
+    """No field of a line names them: setup turns off their per-record lookup
+    (the logging HOWTO, "Optimization"), and a line still has every field."""
+    records = []
+    keep = logging.Filter()
+    keep.filter = lambda record: records.append(record) or True
+    logging.getLogger().handlers[0].addFilter(keep)
+    logging.getLogger("vpay.somewhere").info("one line", extra={"charge_id": "ch_1"})
+    (record,), (line,) = records, captured()
+    assert (record.funcName, record.threadName, record.processName, record.process) == (
+        "(unknown function)", None, None, None)
+    assert {"time", "level", "logger", "message", "charge_id"} <= set(line)
+
+
 def test_the_context_is_per_thread(captured):
     log = logging.getLogger("vpay.somewhere")
     entered, logged = threading.Event(), threading.Event()
