@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -77,6 +78,23 @@ def test_a_line_looks_up_no_caller_frame_thread_or_process(captured):
     assert (record.funcName, record.threadName, record.processName, record.process) == (
         "(unknown function)", None, None, None)
     assert {"time", "level", "logger", "message", "charge_id"} <= set(line)
+
+
+def test_a_lines_time_reads_as_loggings_own_and_is_made_once_a_second(monkeypatch):
+    formatter, plain = logs.JsonLines(), logging.Formatter()
+    records = []
+    for created in (1_765_000_000.0, 1_765_000_000.5, 1_765_000_000.999, 1_765_000_001.001,
+                    1_765_000_001.7, 1_765_003_600.25):
+        record = logging.LogRecord("vpay.x", logging.INFO, __file__, 1, "m", None, None)
+        record.created, record.msecs = created, int((created - int(created)) * 1000)
+        records.append(record)
+    expected = [plain.formatTime(r) for r in records]
+    made = []
+    real = time.strftime
+    monkeypatch.setattr(time, "strftime", lambda fmt, t: made.append(fmt) or real(fmt, t))
+    assert [formatter.formatTime(r) for r in records] == expected
+    assert len(made) == 3  # one per second seen, not one per line
+    assert formatter.formatTime(records[0], "%H") == plain.formatTime(records[0], "%H")
 
 
 def test_the_context_is_per_thread(captured):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Iterator, Mapping
@@ -92,6 +93,26 @@ class JobFields(logging.Filter):
         return True
 
 
+class JsonLines(JsonFormatter):
+    """python-json-logger's ``JsonFormatter`` whose ``time`` has its seconds
+    part made once a second, not once a line: ``time.localtime`` and
+    ``time.strftime`` were a quarter of a line's formatting in a busy worker
+    (issue 30). The text is ``logging.Formatter.formatTime``'s, to the
+    millisecond; a ``datefmt`` given is formatted as ``logging`` does."""
+
+    _second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        if datefmt:
+            return super().formatTime(record, datefmt)
+        second, text = self._second  # one tuple: each thread reads a whole pair
+        if second != int(record.created):
+            second = int(record.created)
+            text = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = (second, text)
+        return self.default_msec_format % (text, record.msecs)
+
+
 def setup(level: str | None = None, stream=None) -> None:
     """Route every logger to ``stream`` as JSON with ``time``, ``level``,
     ``logger`` and ``message``; ``extra=`` fields and the job context's
@@ -105,7 +126,7 @@ def setup(level: str | None = None, stream=None) -> None:
     if level is None:
         level = logging.getLevelName(root.level) if root.handlers else "INFO"
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter(
+    handler.setFormatter(JsonLines(
         "%(asctime)s %(levelname)s %(name)s %(message)s",
         rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
     ))
