@@ -66,18 +66,27 @@ def test_lines_inside_a_job_carry_its_fields_and_lines_outside_do_not(captured):
     assert "job_id" not in outside and "worker_id" not in outside
 
 
-def test_a_line_looks_up_no_caller_frame_thread_or_process(captured):
+def test_a_line_looks_up_no_thread_or_process_and_keeps_its_stack_and_traceback(captured):
     """No field of a line names them: setup turns off their per-record lookup
-    (the logging HOWTO, "Optimization"), and a line still has every field."""
+    (the logging HOWTO, "Optimization"); ``stack_info`` and ``exc_info``
+    still reach the line (a fresh-clone review found ``stack_info`` lost when
+    the caller's frame was not looked up)."""
     records = []
     keep = logging.Filter()
     keep.filter = lambda record: records.append(record) or True
     logging.getLogger().handlers[0].addFilter(keep)
-    logging.getLogger("vpay.somewhere").info("one line", extra={"charge_id": "ch_1"})
-    (record,), (line,) = records, captured()
-    assert (record.funcName, record.threadName, record.processName, record.process) == (
-        "(unknown function)", None, None, None)
-    assert {"time", "level", "logger", "message", "charge_id"} <= set(line)
+    log = logging.getLogger("vpay.somewhere")
+    log.info("one line", extra={"charge_id": "ch_1"})
+    log.warning("where am I", stack_info=True)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("it broke")
+    one, where, broke = captured()
+    assert (records[0].threadName, records[0].processName, records[0].process) == (None, None, None)
+    assert {"time", "level", "logger", "message", "charge_id"} <= set(one)
+    assert "test_a_line_looks_up_no_thread_or_process" in where["stack_info"]
+    assert "ValueError: boom" in broke["exc_info"]
 
 
 def test_a_lines_time_reads_as_loggings_own_and_is_made_once_a_second(monkeypatch):
@@ -95,6 +104,8 @@ def test_a_lines_time_reads_as_loggings_own_and_is_made_once_a_second(monkeypatc
     assert [formatter.formatTime(r) for r in records] == expected
     assert len(made) == 3  # one per second seen, not one per line
     assert formatter.formatTime(records[0], "%H") == plain.formatTime(records[0], "%H")
+    formatter.default_msec_format = plain.default_msec_format = None  # logging's way to leave them out
+    assert formatter.formatTime(records[0]) == plain.formatTime(records[0])
 
 
 def test_the_context_is_per_thread(captured):

@@ -354,8 +354,8 @@ class RailSession(requests.Session):
         merged = CaseInsensitiveDict(self.headers)
         if headers:
             merged.update(headers)
-            for name in [name for name, value in merged.items() if value is None]:
-                del merged[name]  # as requests does: a header set to None is not sent
+        for name in [name for name, value in merged.items() if value is None]:
+            del merged[name]  # as requests does: a header set to None (the session's too) is not sent
         prep = requests.PreparedRequest()
         prep.prepare_method(method)
         prep.prepare_url(url, None)

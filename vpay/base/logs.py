@@ -110,7 +110,7 @@ class JsonLines(JsonFormatter):
             second = int(record.created)
             text = time.strftime(self.default_time_format, self.converter(record.created))
             self._second = (second, text)
-        return self.default_msec_format % (text, record.msecs)
+        return self.default_msec_format % (text, record.msecs) if self.default_msec_format else text
 
 
 def setup(level: str | None = None, stream=None) -> None:
@@ -132,10 +132,10 @@ def setup(level: str | None = None, stream=None) -> None:
     ))
     handler.addFilter(JobFields())
     root.handlers[:] = [handler]
-    # No field of ours names the caller's frame, thread or process: each
-    # record need not look them up (the logging HOWTO, "Optimization"; a
-    # worker writes about seven lines per settled payment, issue 30).
-    logging._srcfile = None
+    # No field of ours names the thread or the process: each record need not
+    # look them up (the logging HOWTO, "Optimization"; a worker writes about
+    # seven lines per settled payment, issue 30). The caller's frame is still
+    # found: ``stack_info=True`` needs it.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root.setLevel(level)
     for noisy in ("pgserver", "urllib3", "psycopg.pool"):

@@ -116,7 +116,10 @@ def exchange(
     attempt timed out, else ``CONNECTION_ERROR``; ``detail_suffix`` is added
     to those details), and ``RailPaused`` for ``rail`` (after closing
     ``gate`` for the wait, capped by the gate) for a 429 or 503 carrying
-    ``Retry-After`` (design/rails.md, backpressure).
+    ``Retry-After`` (design/rails.md, backpressure). A 3xx (a redirect, which
+    the rail session never follows: docs/security.md) raises ``NoAnswer``
+    with ``misconfigured`` set and reason ``HTTP_<status>``: the base URL is
+    not the API's own address, our configuration, never the payer's.
     """
     retrying = Retrying(
         retry=retry,
@@ -138,6 +141,15 @@ def exchange(
             # Only the class name: exception texts can carry URLs.
             raise NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__}){detail_suffix}", unsent=unsent) from None
         raise NoAnswer("CONNECTION_ERROR", f"{type(exc).__name__}{detail_suffix}", unsent=unsent) from None
+    if 300 <= response.status_code < 400:
+        # The session never follows one (vpay.base.http_deadline.RailSession):
+        # the configured base URL is not the API's own address (http for
+        # https, a moved host). Our configuration, said at once: the Location
+        # is not repeated (a text that may carry anything).
+        raise NoAnswer(f"HTTP_{response.status_code}",
+                       f"HTTP {response.status_code}: a redirect, never followed; the base URL is not "
+                       f"the rail API's own address (http for https?)",
+                       http_status=response.status_code, misconfigured=True)
     if response.status_code in BACKPRESSURE_STATUSES:
         wait = parse_retry_after(response.headers.get("retry-after"), response.headers.get("date"))
         if wait is not None and wait > 0:

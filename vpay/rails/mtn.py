@@ -346,8 +346,10 @@ class MtnMomo:
 
         * 202 → ACCEPTED; 409 → ACCEPTED (reason ``RESOURCE_ALREADY_EXIST``).
         * a body code in ``CONFIGURATION_CODES`` (any HTTP status), any 403,
-          or the token endpoint refusing our credentials (401) →
-          MISCONFIGURED with the rail's code (``HTTP_403`` etc. when none).
+          the token endpoint refusing our credentials (401), or a 3xx to
+          any call (a redirect, never followed: ``vpay.rails.http.exchange``)
+          → MISCONFIGURED with the rail's code (``HTTP_403``, ``HTTP_302``
+          etc. when none).
         * 400 or 500 whose body code is in ``REJECTING_CODES`` → REJECTED with
           that code; any other 400 → REJECTED with its code (or
           ``BAD_REQUEST``): MoMo refused the request itself, resending it
@@ -441,9 +443,10 @@ class MtnMomo:
           both become the code string. Fields present but unreadable are
           listed in ``unreadable`` (rules: ``_status_from_body``).
         * 404 → NOT_FOUND.
-        * a code in ``CONFIGURATION_CODES``, any 403, or the token endpoint
-          refusing our credentials → MISCONFIGURED: the read was refused,
-          which says nothing about the payment.
+        * a code in ``CONFIGURATION_CODES``, any 403, the token endpoint
+          refusing our credentials, or a 3xx (a redirect, never followed) →
+          MISCONFIGURED: the read was refused, which says nothing about the
+          payment.
         * 401 with a cached token (token dropped), 5xx, other statuses,
           timeouts, connection errors, a non-JSON 200 or one without a known
           ``status`` → NO_ANSWER with a short credential-free ``detail``.

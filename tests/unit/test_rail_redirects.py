@@ -1,0 +1,128 @@
+"""Every rail adapter's every call answered with a redirect (a 3xx, the token
+call's too or not) is MISCONFIGURED, reason ``HTTP_<status>``, and nothing
+reaches the redirect's target: rail calls never follow one (docs/security.md,
+"Rail calls"; vpay/rails/http.py ``exchange``). From a fresh-clone review
+(issue 30): ``requests`` followed them, and sent MoMo's subscription key on.
+Real HTTP servers on 127.0.0.1."""
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from vpay.rails.mtn import MtnMomo
+from vpay.rails.orange import OrangeMoney
+from vpay.rails.mpesa import MpesaDaraja
+from vpay.rails.pawapay import PawaPay
+from vpay.rails.port import ChargeRequest, RefundRequest, StatusKind, SubmitKind
+
+
+class _Target(BaseHTTPRequestHandler):
+    def _any(self):
+        self.server.seen.append((self.command, self.path, dict(self.headers)))
+        body = b'{"access_token":"t","expires_in":3600}'
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = do_PUT = _any
+
+    def log_message(self, *a):
+        pass
+
+
+class _Mover(BaseHTTPRequestHandler):
+    """Answers the token call properly (when server.tokens) and redirects the rest."""
+    def _any(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        if self.server.tokens and ("token" in self.path or "oauth" in self.path):
+            body = b'{"access_token": "token-1", "token_type": "access_token", "expires_in": 3600}'
+            self.send_response(200)
+        else:
+            body = b'{"status": "SUCCESSFUL"}'
+            self.send_response(self.server.code)
+            self.send_header("location", self.server.target + self.path)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = do_PUT = _any
+
+    def log_message(self, *a):
+        pass
+
+
+def _serve(handler):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.fixture
+def servers():
+    target, mover = _serve(_Target), _serve(_Mover)
+    target.seen = []
+    mover.target = f"http://127.0.0.1:{target.server_port}"
+    yield mover, target
+    for s in (mover, target):
+        s.shutdown()
+        s.server_close()
+
+
+def _adapters(base):
+    nosleep = dict(sleep=lambda s: None)
+    return {
+        "mtn": MtnMomo(base_url=base, subscription_key="key-1", api_user="user-1", api_key="secret-1", **nosleep),
+        "orange": OrangeMoney(base, "cid", "csecret", "mkey", "cm", "https://pay.example/cb",
+                              "https://shop.example/r", "https://shop.example/c", **nosleep),
+        "mpesa": MpesaDaraja(base, "ck", "cs", "174379", "passkey", "https://pay.example/mpesa", **nosleep),
+        "pawapay": PawaPay(base, "tok", "46=MTN_MOMO_ZMB:EUR", **nosleep),
+    }
+
+
+RAIL_DATA = {"pay_token": "pt", "checkout_request_id": "ws_CO_1", "notif_token": "n",
+             "payment_url": "https://x.example/p"}
+# Each rail's charge is one it sends (whole XOF for Orange, whole KES to a
+# 2547 MSISDN for M-Pesa): an answer made without a request proves nothing.
+CHARGES = {
+    "mtn": ChargeRequest(charge_id="ch_1", rail_reference="3f0c3c1e-0000-4000-8000-000000000001",
+                         amount=100, currency="EUR", payer="46700000001", rail_data=RAIL_DATA),
+    "orange": ChargeRequest(charge_id="ch_1", rail_reference="3f0c3c1e-0000-4000-8000-000000000001",
+                            amount=1000, currency="XOF", payer="22507000001", rail_data=RAIL_DATA),
+    "mpesa": ChargeRequest(charge_id="ch_1", rail_reference="3f0c3c1e-0000-4000-8000-000000000001",
+                           amount=10000, currency="KES", payer="254708374149", rail_data=RAIL_DATA),
+    "pawapay": ChargeRequest(charge_id="ch_1", rail_reference="3f0c3c1e-0000-4000-8000-000000000001",
+                             amount=100, currency="EUR", payer="46700000001", rail_data=RAIL_DATA),
+}
+
+
+def _refund(charge: ChargeRequest) -> RefundRequest:
+    return RefundRequest(refund_id="re_1", rail_reference="3f0c3c1e-0000-4000-8000-000000000002",
+                         charge_rail_reference=charge.rail_reference, amount=charge.amount,
+                         currency=charge.currency, payer=charge.payer)
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+@pytest.mark.parametrize("tokens", [True, False])
+@pytest.mark.parametrize("rail", ["mtn", "orange", "mpesa", "pawapay"])
+def test_a_redirected_call_is_misconfigured_and_reaches_nothing_else(servers, code, tokens, rail):
+    mover, target = servers
+    mover.code, mover.tokens = code, tokens
+    adapter = _adapters(f"http://127.0.0.1:{mover.server_port}")[rail]
+    charge = CHARGES[rail]
+    results = {
+        "request_to_pay": adapter.request_to_pay(charge),
+        "status": adapter.status(charge),
+        "refund": adapter.refund(_refund(charge)),
+        "refund_status": adapter.refund_status(_refund(charge)),
+    }
+    asked = 0
+    for op, answer in results.items():
+        if answer.http_status is None and answer.kind.name != "MISCONFIGURED":
+            continue  # the adapter's own answer, nothing sent: a refund the rail does not offer
+        asked += 1
+        assert (answer.kind.name, answer.reason, answer.http_status) == (
+            "MISCONFIGURED", f"HTTP_{code}", code), (op, answer)
+    assert asked >= 2
+    assert target.seen == []
