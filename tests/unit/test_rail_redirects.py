@@ -15,17 +15,23 @@ from vpay.rails.mtn import MtnMomo
 from vpay.rails.orange import OrangeMoney
 from vpay.rails.mpesa import MpesaDaraja
 from vpay.rails.pawapay import PawaPay
-from vpay.rails.port import ChargeRequest, RefundRequest, StatusKind, SubmitKind
+from vpay.rails.port import ChargeRequest, RefundRequest
+
+
+def _reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:
+    handler.send_response(status)
+    for name, value in {**headers, "content-length": str(len(body))}.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 class _Target(BaseHTTPRequestHandler):
+    """Where the redirects point: keeps whatever reaches it."""
+
     def _any(self):
         self.server.seen.append((self.command, self.path, dict(self.headers)))
-        body = b'{"access_token":"t","expires_in":3600}'
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _reply(self, 200, b'{"access_token":"t","expires_in":3600}')
     do_GET = do_POST = do_PUT = _any
 
     def log_message(self, *a):
@@ -34,19 +40,15 @@ class _Target(BaseHTTPRequestHandler):
 
 class _Mover(BaseHTTPRequestHandler):
     """Answers the token call properly (when server.tokens) and redirects the rest."""
+
     def _any(self):
         self.rfile.read(int(self.headers.get("content-length") or 0))
         if self.server.tokens and ("token" in self.path or "oauth" in self.path):
-            body = b'{"access_token": "token-1", "token_type": "access_token", "expires_in": 3600}'
-            self.send_response(200)
+            _reply(self, 200, b'{"access_token": "token-1", "token_type": "access_token", "expires_in": 3600}',
+                   **{"content-type": "application/json"})
         else:
-            body = b'{"status": "SUCCESSFUL"}'
-            self.send_response(self.server.code)
-            self.send_header("location", self.server.target + self.path)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            _reply(self, self.server.code, b'{"status": "SUCCESSFUL"}',
+                   **{"content-type": "application/json", "location": self.server.target + self.path})
     do_GET = do_POST = do_PUT = _any
 
     def log_message(self, *a):
