@@ -314,7 +314,8 @@ class RailSession(requests.Session):
     returning. What that leaves out, on purpose:
 
     * **redirects are never followed**: a 3xx is the answer (the adapters
-      read it as NO_ANSWER). ``requests`` strips only ``Authorization`` when
+      read it as our configuration, MISCONFIGURED: ``vpay.rails.http.exchange``).
+      ``requests`` strips only ``Authorization`` when
       a redirect leaves the host; MoMo's ``Ocp-Apim-Subscription-Key`` and
       the reference headers would go on to wherever a misconfigured or
       hijacked base URL points;
