@@ -128,3 +128,43 @@ def test_a_redirected_call_is_misconfigured_and_reaches_nothing_else(servers, co
             "MISCONFIGURED", f"HTTP_{code}", code), (op, answer)
     assert asked >= 2
     assert target.seen == []
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    """Answers the token call, then each other request with the next status
+    of ``server.script`` (a 3xx pointing nowhere)."""
+
+    def _any(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        if "token" in self.path or "oauth" in self.path:
+            _reply(self, 200, b'{"access_token": "token-1", "token_type": "access_token", "expires_in": 3600}')
+            return
+        status = self.server.script.pop(0)
+        self.server.answered.append(status)
+        _reply(self, status, b"{}", **{"content-type": "application/json",
+                                      "location": "http://127.0.0.1:9" + self.path})
+    do_GET = do_POST = do_PUT = _any
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.mark.parametrize("rail", ["mtn", "pawapay"])
+@pytest.mark.parametrize("then", [302, 403])
+def test_a_refusal_after_an_attempt_that_may_have_reached_the_rail_is_no_answer(rail, then):
+    """The first attempt answered 503 (the rail, or what fronts it, had the
+    request; retried), the retry refused: that proves nothing about the
+    first, so the create call is NO_ANSWER (sent again later by the resubmit
+    job), never MISCONFIGURED (which fails a first send: no payer asked)."""
+    srv = _serve(_Scripted)
+    srv.script, srv.answered = [503, then], []
+    try:
+        adapter = _adapters(f"http://127.0.0.1:{srv.server_port}")[rail]
+        answer = adapter.request_to_pay(CHARGES[rail])
+        assert srv.answered == [503, then]
+        assert (answer.kind.name, answer.http_status) == ("NO_ANSWER", then)
+        srv.script = [then]  # the same refusal on a first attempt: our configuration
+        assert adapter.request_to_pay(CHARGES[rail]).kind.name == "MISCONFIGURED"
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -111,7 +111,12 @@ def exchange(
     attempt has ``timeout`` = (connect, read) seconds; ``request_kwargs``
     (``headers``, ``json``, ``data``) go to ``session.request``.
 
-    Returns the last response (possibly a 5xx). Raises ``NoAnswer`` when no
+    Returns the last response (possibly a 5xx), with ``sent_before`` set:
+    whether an earlier attempt of this exchange may have reached the rail
+    (it was answered, or failed after its connection was made). A caller
+    reading the answer to a create call as a refusal of our configuration
+    must not then say that no payer was asked (``refusal_after_send``).
+    Raises ``NoAnswer`` when no
     response came (reason ``TIMEOUT`` when the deadline passed or the last
     attempt timed out, else ``CONNECTION_ERROR``; ``detail_suffix`` is added
     to those details), and ``RailPaused`` for ``rail`` (after closing
@@ -119,7 +124,8 @@ def exchange(
     ``Retry-After`` (design/rails.md, backpressure). A 3xx (a redirect, which
     the rail session never follows: docs/security.md) raises ``NoAnswer``
     with ``misconfigured`` set and reason ``HTTP_<status>``: the base URL is
-    not the API's own address, our configuration, never the payer's.
+    not the API's own address, our configuration, never the payer's (not
+    set when an earlier attempt may have reached the rail: no answer).
     """
     retrying = Retrying(
         retry=retry,
@@ -131,8 +137,19 @@ def exchange(
         # last transport error, instead of tenacity's RetryError.
         retry_error_callback=lambda state: state.outcome.result(),
     )
+    reached: list[bool] = []  # per attempt: whether it may have reached the rail
+
+    def attempt() -> requests.Response:
+        try:
+            answer = session.request(method, url, timeout=timeout, **request_kwargs)
+        except requests.RequestException as exc:
+            reached.append(not never_connected(exc))
+            raise
+        reached.append(True)  # answered: the rail, or what fronts it, had the request
+        return answer
+
     try:
-        response = retrying(session.request, method, url, timeout=timeout, **request_kwargs)
+        response = retrying(attempt)
     except requests.RequestException as exc:
         unsent = never_connected(exc)
         if deadline.expired:
@@ -141,15 +158,21 @@ def exchange(
             # Only the class name: exception texts can carry URLs.
             raise NoAnswer("TIMEOUT", f"timeout ({type(exc).__name__}){detail_suffix}", unsent=unsent) from None
         raise NoAnswer("CONNECTION_ERROR", f"{type(exc).__name__}{detail_suffix}", unsent=unsent) from None
+    # An earlier attempt of this exchange may have reached the rail (a 504 or
+    # a reset after sending, then retried): a refusal of the last attempt
+    # then proves nothing about the first (a fresh-clone review, issue 30).
+    response.sent_before = any(reached[:-1])
     if 300 <= response.status_code < 400:
         # The session never follows one (vpay.base.http_deadline.RailSession):
         # the configured base URL is not the API's own address (http for
-        # https, a moved host). Our configuration, said at once: the Location
-        # is not repeated (a text that may carry anything).
+        # https, a moved host). Our configuration, said at once, unless an
+        # earlier attempt may have got through: then it is no answer. The
+        # Location is not repeated (a text that may carry anything).
         raise NoAnswer(f"HTTP_{response.status_code}",
                        f"HTTP {response.status_code}: a redirect, never followed; the base URL is not "
-                       f"the rail API's own address (http for https?)",
-                       http_status=response.status_code, misconfigured=True)
+                       f"the rail API's own address (http for https?)"
+                       + ("; an earlier attempt may have reached the rail" if response.sent_before else ""),
+                       http_status=response.status_code, misconfigured=not response.sent_before)
     if response.status_code in BACKPRESSURE_STATUSES:
         wait = parse_retry_after(response.headers.get("retry-after"), response.headers.get("date"))
         if wait is not None and wait > 0:
@@ -158,6 +181,20 @@ def exchange(
             raise RailPaused(rail, left, f"HTTP {response.status_code} with Retry-After",
                              http_status=response.status_code)
     return response
+
+
+def refusal_after_send(submit: Submit, response: requests.Response) -> Submit:
+    """``submit``, the adapter's reading of ``response`` to a create call
+    (request-to-pay, refund), unless it reads as a refusal of our
+    configuration (MISCONFIGURED) while an earlier attempt of the same
+    exchange may have reached the rail (``response.sent_before``): that
+    attempt may have asked the payer, so the refusal of the retry proves
+    nothing about it, and the answer is NO_ANSWER with the same reason (the
+    resubmit job sends again and reads a refusal then as a re-send's:
+    pending, alerted; ``vpay.money.payments.submit``)."""
+    if submit.kind is SubmitKind.MISCONFIGURED and getattr(response, "sent_before", False):
+        return Submit(SubmitKind.NO_ANSWER, reason=submit.reason, http_status=submit.http_status)
+    return submit
 
 
 def never_connected(exc: BaseException) -> bool:

@@ -69,7 +69,7 @@ import requests
 from vpay.base.http_deadline import Deadline, new_session
 from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 
-from vpay.rails.http import MAX_ATTEMPTS, RETRY_BUDGET_SECONDS, RETRY_WAITS, NoAnswer, exchange, json_object, lifetime_seconds
+from vpay.rails.http import MAX_ATTEMPTS, RETRY_BUDGET_SECONDS, RETRY_WAITS, NoAnswer, exchange, json_object, lifetime_seconds, refusal_after_send
 from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, tuning_from_env
 
 from vpay.money.currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
@@ -373,7 +373,9 @@ class MtnMomo:
             self._log_no_answer("request_to_pay", "charge", charge.charge_id, charge.rail_reference, no)
             return no.submit()
 
-        submit = self._submit_from_response(response, product, token, fresh_token=fresh)
+        # a refusal after an earlier attempt that may have got through is no answer
+        submit = refusal_after_send(
+            self._submit_from_response(response, product, token, fresh_token=fresh), response)
         return submit
 
     def _request_to_pay_body(self, charge: ChargeRequest) -> dict[str, Any]:
@@ -539,7 +541,9 @@ class MtnMomo:
             self._log_no_answer("refund", "refund", refund.refund_id, refund.rail_reference, no)
             return no.submit()
 
-        submit = self._submit_from_response(response, product, token, fresh_token=fresh)
+        # a refusal after an earlier attempt that may have got through is no answer
+        submit = refusal_after_send(
+            self._submit_from_response(response, product, token, fresh_token=fresh), response)
         return submit
 
     @rail_call("refund_status")
@@ -729,8 +733,9 @@ class MtnMomo:
     def _log_no_answer(self, operation: str, label: str, ident: str, reference: str,
                        no: NoAnswer) -> None:
         log.warning(
-            "mtn %s %s=%s reference=%s -> no answer: %s (reason %s)",
-            operation, label, ident, reference, no.detail, no.reason,
+            "mtn %s %s=%s reference=%s -> %s: %s (reason %s)",
+            operation, label, ident, reference,
+            "refused for our configuration" if no.misconfigured else "no answer", no.detail, no.reason,
         )
 
 

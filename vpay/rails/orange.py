@@ -599,8 +599,9 @@ class OrangeMoney:
                         **kwargs)
 
     def _log_no_answer(self, operation: str, charge: ChargeRequest, no: NoAnswer) -> None:
-        log.warning("orange %s charge=%s reference=%s -> no answer: %s (reason %s)",
-                    operation, charge.charge_id, charge.rail_reference, no.detail, no.reason)
+        log.warning("orange %s charge=%s reference=%s -> %s: %s (reason %s)",
+                    operation, charge.charge_id, charge.rail_reference,
+                    "refused for our configuration" if no.misconfigured else "no answer", no.detail, no.reason)
 
 
 # --- Helpers (pure) ----------------------------------------------------------

@@ -47,7 +47,7 @@ from vpay.base.http_deadline import Deadline, new_session
 from vpay.money.currency import major_string_to_minor, minor_to_major_string
 from vpay.rails.calls import rail_call
 from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
-from vpay.rails.http import NoAnswer, exchange, json_object
+from vpay.rails.http import NoAnswer, exchange, json_object, refusal_after_send
 from vpay.rails.port import (CallbackIds, ChargeRequest, MalformedCallback, RailError, RailStatus, RefundRequest, tuning_from_env,
                              StatusKind, Submit, SubmitKind, http_url_problem, reported_currency)
 
@@ -262,8 +262,14 @@ class PawaPay:
         try:
             response = self._send("POST", path, body)
         except NoAnswer as no:
-            log.warning("pawapay %s %s=%s -> no answer: %s", path, id_key, ident, no.detail)
+            log.warning("pawapay %s %s=%s -> %s: %s", path, id_key, ident,
+                        "refused for our configuration" if no.misconfigured else "no answer", no.detail)
             return no.submit()
+        # a refusal after an earlier attempt that may have got through is no answer
+        return refusal_after_send(self._submit_from(response, id_key, ident), response)
+
+    def _submit_from(self, response: requests.Response, id_key: str, ident: str) -> Submit:
+        """The port's ``Submit`` for a deposit's or refund's initiation answer."""
         http = response.status_code
         payload = json_object(response.content) or {}
         code = _failure_code(payload)
@@ -292,7 +298,8 @@ class PawaPay:
         try:
             response = self._send("GET", path)
         except NoAnswer as no:
-            log.warning("pawapay GET %s -> no answer: %s", path, no.detail)
+            log.warning("pawapay GET %s -> %s: %s", path,
+                        "refused for our configuration" if no.misconfigured else "no answer", no.detail)
             return no.status()
         http = response.status_code
         payload = json_object(response.content)
