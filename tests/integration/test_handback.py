@@ -121,3 +121,42 @@ def test_the_drain_writes_what_it_can_and_hands_back_the_rest(db, pool, monkeypa
     w.kept.last_try()
     assert len(w.kept) == 0 and w.leases.held() == []
     assert db.execute("SELECT dedupe_key, locked_by FROM jobs").fetchall() == [("k:2", None)]
+
+
+def test_the_drains_last_try_on_a_database_gone_silent_ends_within_its_bounds(db_url, db, monkeypatch):
+    """A database gone silent (every byte acknowledged, nothing answered:
+    tests/pg_relay.py) at the drain: the last try of a kept outcome's write
+    fails within ``ANSWER_SECONDS`` as a lost answer, and the lease release
+    within ``EXIT_WRITE_SECONDS``, instead of holding the drain for ever."""
+    import threading
+    import time
+
+    from pg_relay import BlackholeRelay
+    from vpay.base.db import make_pool
+    from vpay.worker import handback, leases
+
+    monkeypatch.setattr(handback, "ANSWER_SECONDS", 0.5)
+    monkeypatch.setattr(leases, "EXIT_WRITE_SECONDS", 0.5)
+    queue.enqueue(db, "test.count", "k:1", lane="housekeeping")
+    relay = BlackholeRelay(db_url)
+    pool = make_pool(relay.url, max_size=1, name="silent-drain")
+    try:
+        w = _worker(pool)
+        job = queue.claim(db, "w1", 600.0, ["housekeeping"])
+        w.kept.keep(job, RetryAfter(60), None, False)
+        with pool.connection() as conn:  # the pool's connections are open before the silence
+            conn.execute("SELECT 1")
+        assert relay.blackhole(b"silent-drain") >= 1
+        ended = threading.Event()
+        threading.Thread(target=lambda: (w.kept.last_try(), ended.set()), daemon=True).start()
+        assert ended.wait(30), "the drain's last try is still waiting on a silent database"
+        assert len(w.kept) == 0 and w.leases.held() == []  # given up
+        # the reschedule never reached Postgres: the job is still leased to us, or
+        # handed back by the release on a new connection (the relay silences
+        # only the connections open when it was told to)
+        locked_by, attempts_run_at_later = db.execute(
+            "SELECT locked_by, run_at > now() + interval '30 seconds' FROM jobs").fetchone()
+        assert locked_by in ("w1", None) and not attempts_run_at_later
+    finally:
+        pool.close(timeout=1)
+        relay.close()

@@ -47,6 +47,13 @@ CHECKOUT_SECONDS = 2.0
 """How long one try waits for a pooled connection: a database still away
 costs the ``handback`` thread this, not the pool's 30 s."""
 
+ANSWER_SECONDS = 5.0
+"""How long one try's statements may wait for the database's answer in all
+(seconds), on top of ``CHECKOUT_SECONDS``: a database gone silent (a stuck
+proxy, a NAT that dropped its mapping: nothing refused, nothing answered)
+fails the try as a lost answer instead of holding the ``handback`` thread,
+or the drain's last try, for ever (``vpay.base.db.answer_within``)."""
+
 MAX_KEPT = 1000
 """Outcomes kept at most; past it the oldest is given up (its lease runs out
 and the reaper frees it, as before this existed). A worker keeps at most one
@@ -70,8 +77,9 @@ class Kept:
 
 class KeptOutcomes:
     """The outcomes ``worker_id`` could not write yet. ``write_once(job,
-    outcome, error, lost, timeout)`` is the writer's one fenced try (raises
-    the database's errors); ``leases`` holds the jobs while kept (renewed by
+    outcome, error, lost, timeout, answer_seconds)`` is the writer's one
+    fenced try (raises the database's errors; each try here is bounded by
+    ``CHECKOUT_SECONDS`` and ``ANSWER_SECONDS``); ``leases`` holds the jobs while kept (renewed by
     the heartbeat) and releases them when given up; ``keep_for``: the bound,
     seconds. Thread-safe: the claim loops keep, the ``handback`` thread and
     the drain retry."""
@@ -126,7 +134,7 @@ class KeptOutcomes:
         for entry in entries:
             try:
                 kept = self.write_once(entry.job, entry.outcome, entry.error, entry.lost,
-                                       CHECKOUT_SECONDS)
+                                       CHECKOUT_SECONDS, ANSWER_SECONDS)
             except DB_ERRORS:
                 break
             self._written(entry, kept)

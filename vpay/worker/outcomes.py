@@ -17,6 +17,7 @@ worker without anyone writing it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import uuid
@@ -27,6 +28,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from vpay.base import metrics
+from vpay.base.db import answer_within
 from vpay.engine import queue
 from vpay.engine.outcome import DeadLetter, Done, Outcome, RetryAfter
 from vpay.worker.gauge import Gauge
@@ -147,9 +149,13 @@ class OutcomeWriter:
             return None
 
     def write_once(self, job: queue.Job, outcome: Outcome | None, error: str | None,
-                   lost: list[bool], timeout: float | None = None) -> bool:
+                   lost: list[bool], timeout: float | None = None,
+                   answer_seconds: float | None = None) -> bool:
         """One try of a retried write, on a connection had within ``timeout``
         seconds (the pool's default when ``None``); raises ``DB_ERRORS``.
+        ``answer_seconds``: the try's statements are answered within that
+        many seconds in all, or fail as a lost answer (``answer_within``: a
+        database gone silent, not away, cannot hold the caller).
         ``lost[0]``: an earlier attempt's answer was lost (set here when this
         one's is). A try that matches nothing asks the row whether one of
         this lease's attempts made the write (``queue.write_was_made``): for
@@ -159,7 +165,8 @@ class OutcomeWriter:
         it: after errors the server answered (or a checkout that timed out),
         nothing committed, and matching nothing is a lost lease. Inexact in
         the two rare paths ``write_was_made`` names, neither touching money."""
-        with self.pool.connection(timeout=timeout) as conn:
+        with self.pool.connection(timeout=timeout) as conn, \
+                (answer_within(conn, answer_seconds) if answer_seconds else contextlib.nullcontext()):
             try:
                 kept = self._write(conn, job, outcome, error, None)[0]
             except DB_ERRORS as exc:
