@@ -92,12 +92,16 @@ def _submit(pool, merchant, gateway) -> dict:
     return created["charge"]["id"]
 
 
-@pytest.mark.parametrize("retry_answer", [307, 308, 403])
+@pytest.mark.parametrize("after", [[307], [308], [403], [400], [401, 403], [401, 307]],
+                         ids=["307", "308", "403", "400", "401-then-403", "401-then-307"])
 def test_a_refusal_of_the_retry_after_an_attempt_that_reached_momo_leaves_the_charge_pending(
-        pool, db, merchant, gateway, retry_answer):
-    gateway.script = ["through", retry_answer]
+        pool, db, merchant, gateway, after):
+    """A 400 (REJECTED) proves no more than a 403; after a 401, MoMo's call
+    fetches a new token and sends again in a new exchange, which must still
+    know the first attempt may have got through (a second review)."""
+    gateway.script = ["through", *after]
     charge = charges.load_charge(db, _submit(pool, merchant, gateway))
-    assert gateway.sent == ["through", retry_answer]
+    assert gateway.sent == ["through", *after]
     assert gateway.sandbox.transaction(charge["rail_reference"]) is not None  # the payer was asked
     assert (charge["status"], charge["failure_code"]) == ("pending", None)
     resubmit = db.execute("SELECT count(*) FROM jobs WHERE dedupe_key = %s",
@@ -105,11 +109,13 @@ def test_a_refusal_of_the_retry_after_an_attempt_that_reached_momo_leaves_the_ch
     assert resubmit == 1  # sent again later: a refusal then is a re-send's (pending, alerted)
 
 
-@pytest.mark.parametrize("first_answer", [307, 403])
-def test_a_refusal_of_the_first_attempt_still_fails_the_charge_as_our_configuration(
-        pool, db, merchant, gateway, first_answer):
+@pytest.mark.parametrize("first_answer,failure_code", [(307, "rail_configuration_refused"),
+                                                        (403, "rail_configuration_refused"),
+                                                        (400, "BAD_REQUEST")])
+def test_a_refusal_of_the_first_attempt_still_fails_the_charge(
+        pool, db, merchant, gateway, first_answer, failure_code):
     gateway.script = [first_answer]
     charge = charges.load_charge(db, _submit(pool, merchant, gateway))
     assert gateway.sent == [first_answer]
     assert gateway.sandbox.transaction(charge["rail_reference"]) is None  # no payer was asked
-    assert (charge["status"], charge["failure_code"]) == ("failed", "rail_configuration_refused")
+    assert (charge["status"], charge["failure_code"]) == ("failed", failure_code)

@@ -139,10 +139,12 @@ class _Scripted(BaseHTTPRequestHandler):
         if "token" in self.path or "oauth" in self.path:
             _reply(self, 200, b'{"access_token": "token-1", "token_type": "access_token", "expires_in": 3600}')
             return
-        status = self.server.script.pop(0)
+        status, body = self.server.script.pop(0), b"{}"
+        if isinstance(status, tuple):
+            status, body = status
         self.server.answered.append(status)
-        _reply(self, status, b"{}", **{"content-type": "application/json",
-                                      "location": "http://127.0.0.1:9" + self.path})
+        _reply(self, status, body, **{"content-type": "application/json",
+                                     "location": "http://127.0.0.1:9" + self.path})
     do_GET = do_POST = do_PUT = _any
 
     def log_message(self, *a):
@@ -165,6 +167,28 @@ def test_a_refusal_after_an_attempt_that_may_have_reached_the_rail_is_no_answer(
         assert (answer.kind.name, answer.http_status) == ("NO_ANSWER", then)
         srv.script = [then]  # the same refusal on a first attempt: our configuration
         assert adapter.request_to_pay(CHARGES[rail]).kind.name == "MISCONFIGURED"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+_PAWAPAY_REJECTED = (b'{"depositId": "3f0c3c1e-0000-4000-8000-000000000001", "status": "REJECTED", '
+                     b'"failureReason": {"failureCode": "PAYER_LIMIT_REACHED"}}')
+
+
+@pytest.mark.parametrize("rail,rejected", [("mtn", (400, b'{"code": "PAYER_NOT_FOUND"}')),
+                                           ("pawapay", (200, _PAWAPAY_REJECTED))])
+def test_a_rejection_after_an_attempt_that_may_have_reached_the_rail_is_no_answer(rail, rejected):
+    """A REJECTED answer to the retry proves no more than a refusal of our
+    configuration does (a second review): NO_ANSWER; on a first attempt it
+    stands."""
+    srv = _serve(_Scripted)
+    srv.script, srv.answered = [503, rejected], []
+    try:
+        adapter = _adapters(f"http://127.0.0.1:{srv.server_port}")[rail]
+        assert adapter.request_to_pay(CHARGES[rail]).kind.name == "NO_ANSWER"
+        srv.script = [rejected]
+        assert adapter.request_to_pay(CHARGES[rail]).kind.name == "REJECTED"
     finally:
         srv.shutdown()
         srv.server_close()

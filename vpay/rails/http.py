@@ -151,7 +151,8 @@ def exchange(
     try:
         response = retrying(attempt)
     except requests.RequestException as exc:
-        unsent = never_connected(exc)
+        # surely unsent only if no attempt of this exchange may have got through
+        unsent = never_connected(exc) and not any(reached[:-1])
         if deadline.expired:
             raise NoAnswer("TIMEOUT", f"total deadline of {deadline.seconds:g} s passed", unsent=unsent) from None
         if isinstance(exc, requests.Timeout):
@@ -183,18 +184,34 @@ def exchange(
     return response
 
 
+REFUSALS = frozenset({SubmitKind.MISCONFIGURED, SubmitKind.REJECTED})
+"""The create answers that end a first send (``vpay.money.payments.submit``):
+never read from a retry after an attempt that may have got through."""
+
+
 def refusal_after_send(submit: Submit, response: requests.Response) -> Submit:
     """``submit``, the adapter's reading of ``response`` to a create call
-    (request-to-pay, refund), unless it reads as a refusal of our
-    configuration (MISCONFIGURED) while an earlier attempt of the same
-    exchange may have reached the rail (``response.sent_before``): that
-    attempt may have asked the payer, so the refusal of the retry proves
-    nothing about it, and the answer is NO_ANSWER with the same reason (the
-    resubmit job sends again and reads a refusal then as a re-send's:
-    pending, alerted; ``vpay.money.payments.submit``)."""
-    if submit.kind is SubmitKind.MISCONFIGURED and getattr(response, "sent_before", False):
+    (request-to-pay, refund), unless it is a refusal (``REFUSALS``: our
+    configuration, or the request itself) while an earlier attempt may have
+    reached the rail (``response.sent_before``; for MoMo's call that
+    re-sent after a 401, the first exchange's too): that attempt may have
+    asked the payer, so the refusal of the retry proves nothing about it,
+    and the answer is NO_ANSWER with the same reason. The resubmit job then
+    sends again as a first attempt: an idempotent rail that had the request
+    answers "already have it" (ACCEPTED), one that did not answers for
+    itself (``vpay.money.payments.submit``)."""
+    if submit.kind in REFUSALS and getattr(response, "sent_before", False):
         return Submit(SubmitKind.NO_ANSWER, reason=submit.reason, http_status=submit.http_status)
     return submit
+
+
+def not_a_refusal(no: NoAnswer) -> NoAnswer:
+    """``no`` with ``misconfigured`` cleared, for a refusal met after an
+    earlier attempt may have reached the rail (see ``refusal_after_send``)."""
+    if not no.misconfigured:
+        return no
+    return NoAnswer(no.reason, f"{no.detail}; an earlier attempt may have reached the rail",
+                    http_status=no.http_status)
 
 
 def never_connected(exc: BaseException) -> bool:

@@ -69,7 +69,7 @@ import requests
 from vpay.base.http_deadline import Deadline, new_session
 from vpay.rails.gate import DEFAULT_MAX_PAUSE_SECONDS, RailGate
 
-from vpay.rails.http import MAX_ATTEMPTS, RETRY_BUDGET_SECONDS, RETRY_WAITS, NoAnswer, exchange, json_object, lifetime_seconds, refusal_after_send
+from vpay.rails.http import MAX_ATTEMPTS, RETRY_BUDGET_SECONDS, RETRY_WAITS, NoAnswer, exchange, json_object, lifetime_seconds, not_a_refusal, refusal_after_send
 from vpay.rails.port import CallbackIds, reported_currency, ChargeRequest, MalformedCallback, RailError, RailPaused, RailStatus, RefundRequest, StatusKind, Submit, SubmitKind, http_url_problem, tuning_from_env
 
 from vpay.money.currency import major_string_to_minor, minor_to_major_string  # noqa: E402  (re-exported)
@@ -697,10 +697,17 @@ class MtnMomo:
             response = self._exchange(method, url, headers=build(token), json_body=json_body,
                                       deadline=deadline)
             if response.status_code == 401:
+                # An attempt before the 401 may have reached MoMo (a 504 passed
+                # through): then no refusal from here on proves no payer was asked.
+                earlier = getattr(response, "sent_before", False)
                 self._drop_token(product, token)
-                token = self._access_token(product, deadline)
-                response = self._exchange(method, url, headers=build(token), json_body=json_body,
-                                          deadline=deadline)
+                try:
+                    token = self._access_token(product, deadline)
+                    response = self._exchange(method, url, headers=build(token), json_body=json_body,
+                                              deadline=deadline)
+                except NoAnswer as no:
+                    raise (not_a_refusal(no) if earlier else no) from None
+                response.sent_before = response.sent_before or earlier
                 log.info("mtn %s: retried once with a new access token -> HTTP %s",
                          product.name, response.status_code)
                 return response, token, True
