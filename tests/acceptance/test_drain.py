@@ -179,10 +179,14 @@ def test_a_drain_whose_database_went_silent_still_ends_within_its_bounds(db, db_
             code = None
         assert code == 1, worker.text()[-4000:]
         # Either a silent connection failed its idle check and a new one
-        # released the lease, or no connection came in time and the lease is
-        # left to the reaper, as the line says: never a wait without end.
+        # released the leases (the held job's, and any other job caught
+        # mid-statement by the silence: a housekeeping job, once in CI), or no
+        # connection came in time and they are left to the reaper, as the line
+        # says: never a wait without end.
         (timed_out,) = [line for line in worker.lines() if line.get("drain") == "timed_out"]
-        assert timed_out["released"] == 1 or worker.find("could not release leases; they will be reaped")
+        held = db.execute("SELECT locked_by FROM jobs WHERE dedupe_key = 'hold:silent-db'").fetchone()
+        assert (timed_out["released"] >= 1 and held == (None,)) \
+            or worker.find("could not release leases; they will be reaped")
         assert CHECK_ANSWER_SECONDS <= 5 and EXIT_WRITE_SECONDS <= 10  # systemd's stop timeout: grace + 15 s
     finally:
         relay.close()
