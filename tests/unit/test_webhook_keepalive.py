@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from raw_receiver import ConnReceiver
 from support import wait_until
 from vpay import webhooks
 from vpay.webhooks import transport
@@ -178,56 +179,29 @@ def test_an_attempt_cut_by_its_deadline_leaves_no_connection_to_reuse():
         rx.close()
 
 
-class ScriptedReceiver:
-    """A raw-socket HTTP/1.1 receiver on 127.0.0.1 whose answers are written
-    by ``answer(connection_no, request_no_on_it, sock)`` (both from 1); it
+class ScriptedReceiver(ConnReceiver):
+    """A receiver (tests/raw_receiver.py) whose answers are written by
+    ``answer(connection_no, request_no_on_it, sock)`` (both from 1); it
     returns False to close the connection. Records ``requests`` as
     ``(connection_no, request_no)`` and ``ended``, the connections the client
     closed."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, tls_ctx=None):
         self.answer = answer
-        self.requests: list[tuple[int, int]] = []
         self.ended: list[int] = []
-        self.connections = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(self._answer_each, tls_ctx)
 
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
-
-    def _accept(self):
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(sock, self.connections), daemon=True).start()
-
-    def _serve(self, sock, number):
+    def _answer_each(self, number, sock, rx):
         buffer, count = b"", 0
         with sock:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = sock.recv(65536)
-                    if not data:
-                        self.ended.append(number)
-                        return
-                    buffer += data
-                head, buffer = buffer.split(b"\r\n\r\n", 1)
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(buffer) < length:
-                    buffer += sock.recv(65536)
-                buffer = buffer[length:]
+                head, buffer = self.read(sock, number, buffer)
+                if head is None:
+                    self.ended.append(number)
+                    return
                 count += 1
-                self.requests.append((number, count))
                 if self.answer(number, count, sock) is False:
                     return
-
-    def close(self):
-        self.listener.close()
 
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"

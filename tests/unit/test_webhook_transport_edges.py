@@ -16,9 +16,11 @@ import socket
 import ssl
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
+from raw_receiver import ConnReceiver
 from vpay import webhooks
 from vpay.webhooks import transport
 from test_webhooks import _resolver  # noqa: F401
@@ -43,19 +45,12 @@ class TLSScriptedReceiver(ScriptedReceiver):
     def __init__(self, answer, tmp_path):
         ca, cert, key = _openssl_certs(tmp_path, "hooks.example.test")
         self.ca = ca
-        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(cert, key)
-        super().__init__(answer)
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cert, key)
+        super().__init__(answer, tls_ctx=ctx)
 
     def url(self) -> str:
-        return f"https://hooks.example.test:{self.listener.getsockname()[1]}/hook"
-
-    def _serve(self, sock, number):
-        try:
-            sock = self.ctx.wrap_socket(sock, server_side=True)
-        except (OSError, ssl.SSLError):
-            return
-        super()._serve(sock, number)
+        return super().url("https", "hooks.example.test")
 
 
 # ---------------------------------------------------------------- Retry-After
@@ -122,34 +117,41 @@ def _serve_raw(listener, name, seen, behave):
     threading.Thread(target=loop, daemon=True).start()
 
 
+@contextmanager
+def _two_hosts(monkeypatch, behave, serve_first=True):
+    """``hooks.example.test`` resolving to 127.0.0.1 then 127.0.0.2, on one
+    port, each served by ``_serve_raw`` with ``behave`` (the first left to
+    the caller when not ``serve_first``); yields ``(port, seen, first)``."""
+    first, second, port = _two_addresses()
+    seen = []
+    if serve_first:
+        _serve_raw(first, "first", seen, behave)
+    _serve_raw(second, "second", seen, behave)
+    try:
+        _resolver(monkeypatch, "127.0.0.1", "127.0.0.2")
+        yield port, seen, first
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_new_connection_that_ends_unanswered_is_not_sent_to_the_second_address(monkeypatch):
     # Doc: "A new connection that ends so is a failed attempt"; the next
     # address is tried "only when the connection could not be made".
-    first, second, port = _two_addresses()
-    seen = []
-
     def behave(name, count, sock):
         if name == "first":
             return False  # read the request, close without answering (it may have been acted on)
         sock.sendall(OK)
 
-    _serve_raw(first, "first", seen, behave)
-    _serve_raw(second, "second", seen, behave)
-    try:
-        _resolver(monkeypatch, "127.0.0.1", "127.0.0.2")
+    with _two_hosts(monkeypatch, behave) as (port, seen, _):
         got = _post(f"http://hooks.example.test:{port}/hook")
         assert seen == [("first", 1)], (seen, got)
-    finally:
-        first.close()
-        second.close()
 
 
 def test_one_attempt_never_posts_three_times(monkeypatch):
     # address 1: a kept connection, then every request closed unanswered;
     # address 2 healthy. Kept send (1), send again on a new connection (2),
     # then the loop goes on to address 2 (3).
-    first, second, port = _two_addresses()
-    seen = []
     failing = threading.Event()
 
     def behave(name, count, sock):
@@ -157,54 +159,42 @@ def test_one_attempt_never_posts_three_times(monkeypatch):
             return False
         sock.sendall(OK)
 
-    _serve_raw(first, "first", seen, behave)
-    _serve_raw(second, "second", seen, behave)
-    try:
-        _resolver(monkeypatch, "127.0.0.1", "127.0.0.2")
+    with _two_hosts(monkeypatch, behave) as (port, seen, _):
         assert _post(f"http://hooks.example.test:{port}/hook").status_code == 200  # kept on address 1
         failing.set()
         seen.clear()
         got = _post(f"http://hooks.example.test:{port}/hook")
         assert len(seen) <= 2, (seen, got)
-    finally:
-        first.close()
-        second.close()
 
 
 def test_a_write_timeout_is_not_followed_by_a_post_to_the_second_address(monkeypatch):
     # address 1 accepts and never reads: the 8 MB body's write times out
     # ("never after a timeout"); address 2 must not get the request.
-    first, second, port = _two_addresses()
-    seen = []
     stalled = []
-
-    def stall():
-        while True:
-            try:
-                sock, _ = first.accept()
-            except OSError:
-                return
-            stalled.append(sock)  # never read
-
-    first.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    threading.Thread(target=stall, daemon=True).start()
 
     def behave(name, count, sock):
         sock.sendall(OK)
         return False
 
-    _serve_raw(second, "second", seen, behave)
-    try:
-        _resolver(monkeypatch, "127.0.0.1", "127.0.0.2")
-        got = webhooks.post(f"http://hooks.example.test:{port}/hook", b"x" * (8 * 1024 * 1024),
-                            {"content-type": "application/json"}, allow_private=True,
-                            connect_timeout=1, read_timeout=2)
-        assert seen == [], (seen, got)
-    finally:
-        first.close()
-        second.close()
-        for s in stalled:
-            s.close()
+    with _two_hosts(monkeypatch, behave, serve_first=False) as (port, seen, first):
+        def stall():
+            while True:
+                try:
+                    sock, _ = first.accept()
+                except OSError:
+                    return
+                stalled.append(sock)  # never read
+
+        first.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        threading.Thread(target=stall, daemon=True).start()
+        try:
+            got = webhooks.post(f"http://hooks.example.test:{port}/hook", b"x" * (8 * 1024 * 1024),
+                                {"content-type": "application/json"}, allow_private=True,
+                                connect_timeout=1, read_timeout=2)
+            assert seen == [], (seen, got)
+        finally:
+            for s in stalled:
+                s.close()
 
 
 # -------------------------------------------------------------------- HTTPS
@@ -231,67 +221,31 @@ def test_https_kept_connection_the_receiver_closes_as_the_next_request_comes_is_
 
 # ------------------------------------------------------------- concurrency
 
-class TaggedReceiver:
-    """Raw HTTP/1.1 receiver recording (connection_no, x-t header) per request;
-    ``behave(conn_no, count, sock)`` returns False to close."""
+class TaggedReceiver(ConnReceiver):
+    """A receiver (tests/raw_receiver.py) recording ``seen``, (connection_no,
+    x-t header) per request; ``behave(conn_no, count, sock)`` returns False
+    to close."""
 
     def __init__(self, behave, host="127.0.0.1"):
         self.behave = behave
         self.seen: list[tuple[int, str]] = []
-        self.connections = 0
-        self.socks = []
         self.lock = threading.Lock()
-        self.listener = socket.create_server((host, 0), backlog=128)
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(self._tag_each, host=host)
 
-    def url(self):
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
-
-    def _accept(self):
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.connections += 1
-                number = self.connections
-                self.socks.append(sock)
-            threading.Thread(target=self._serve, args=(sock, number), daemon=True).start()
-
-    def _serve(self, sock, number):
+    def _tag_each(self, number, sock, rx):
         buffer, count = b"", 0
         with sock:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    try:
-                        data = sock.recv(65536)
-                    except OSError:
-                        return
-                    if not data:
-                        return
-                    buffer += data
-                head, buffer = buffer.split(b"\r\n\r\n", 1)
-                lines = head.split(b"\r\n")
-                length = next((int(x.split(b":")[1]) for x in lines if x.lower().startswith(b"content-length:")), 0)
-                tag = next((x.split(b":")[1].strip().decode() for x in lines if x.lower().startswith(b"x-t:")), "")
-                while len(buffer) < length:
-                    try:
-                        data = sock.recv(65536)
-                    except OSError:
-                        return
-                    if not data:
-                        return
-                    buffer += data
-                buffer = buffer[length:]
+                head, buffer = self.read(sock, number, buffer)
+                if head is None:
+                    return
+                tag = next((x.split(b":")[1].strip().decode() for x in head.split(b"\r\n")
+                            if x.lower().startswith(b"x-t:")), "")
                 count += 1
                 with self.lock:
                     self.seen.append((number, tag))
                 if self.behave(number, count, sock) is False:
                     return
-
-    def close(self):
-        self.listener.close()
 
 
 def _tagged_post(url, tag):
@@ -372,69 +326,6 @@ def test_bounded_pools_under_many_threads_lose_no_delivery_and_leak_no_in_use_co
 
 
 # ------------------------------------------------- scripted per connection
-
-class ConnReceiver:
-    """Each accepted connection is handed to ``script(number, sock, rx)``
-    (plain or TLS). ``rx.requests`` counts requests read with ``read``."""
-
-    def __init__(self, script, tls_ctx=None):
-        self.script = script
-        self.tls_ctx = tls_ctx
-        self.connections = 0
-        self.requests: list[tuple[int, int]] = []
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def url(self, scheme="http", host="127.0.0.1"):
-        return f"{scheme}://{host}:{self.listener.getsockname()[1]}/hook"
-
-    def _accept(self):
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._run, args=(sock, self.connections), daemon=True).start()
-
-    def _run(self, sock, number):
-        if self.tls_ctx is not None:
-            try:
-                sock = self.tls_ctx.wrap_socket(sock, server_side=True)
-            except (OSError, ssl.SSLError):
-                return
-        try:
-            self.script(number, sock, self)
-        except OSError:
-            pass
-
-    @staticmethod
-    def read_head(sock, buf=b""):
-        while b"\r\n\r\n" not in buf:
-            data = sock.recv(65536)
-            if not data:
-                return None, buf
-            buf += data
-        head, rest = buf.split(b"\r\n\r\n", 1)
-        return head, rest
-
-    def read(self, sock, number, buf=b""):
-        head, rest = self.read_head(sock, buf)
-        if head is None:
-            return None, b""
-        length = next((int(x.split(b":")[1]) for x in head.split(b"\r\n")
-                       if x.lower().startswith(b"content-length:")), 0)
-        while len(rest) < length:
-            data = sock.recv(1 << 20)
-            if not data:
-                return None, b""
-            rest += data
-        self.requests.append((number, sum(1 for n, _ in self.requests if n == number) + 1))
-        return head, rest[length:]
-
-    def close(self):
-        self.listener.close()
-
 
 def _serve_ok_forever(rx, number, sock, buf=b""):
     while True:
